@@ -1,0 +1,153 @@
+"""Gated DeltaNet token mixer with the parameter names of the released Zebra GDN layers.
+
+Layout of fla's ``GatedDeltaNet`` defaults (use_gate, short conv of width 4 without bias, no negative
+eigenvalues): q/k/v projections each followed by a depthwise causal convolution and SiLU, per-head
+``beta = sigmoid(b_proj(x))`` and log-decay ``g = -exp(A_log) * softplus(a_proj(x) + dt_bias)``, the
+gated delta rule over L2-normalised q/k, then a gated RMSNorm (gate ``g_proj(x)``) and ``o_proj``.
+
+The math lives in ``llamafactory_zebra.ops``; this module only wires parameters, packing borders and
+the decode cache to it, so a sequence-parallel caller can swap the op without touching the layer.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..configuration_zebra import ZebraConfig
+from ..ops import causal_conv1d, causal_conv1d_update, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from .norms import ZebraGatedRMSNorm
+
+# fla's defaults for the decay parametrisation: dt ~ logUniform(dt_min, dt_max), floored, A ~ U(0, 16).
+DT_MIN, DT_MAX, DT_FLOOR = 0.001, 0.1, 1e-4
+A_INIT_RANGE = (0.0, 16.0)
+
+
+def gdn_decay_init(num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fla's initialisation of the decay: ``A ~ U(0, 16)`` and ``dt_bias = softplus⁻¹(dt)``."""
+    A_log = torch.empty(num_heads).uniform_(*A_INIT_RANGE).log()
+    dt = torch.exp(torch.rand(num_heads) * (math.log(DT_MAX) - math.log(DT_MIN)) + math.log(DT_MIN))
+    dt = dt.clamp(min=DT_FLOOR)
+    return A_log, dt + torch.log(-torch.expm1(-dt))
+
+
+class ZebraShortConv(nn.Conv1d):
+    """Depthwise causal convolution stored as ``nn.Conv1d`` (weight ``[C, 1, W]``, the released key layout)."""
+
+    def __init__(self, channels: int, kernel_size: int) -> None:
+        super().__init__(channels, channels, kernel_size, groups=channels, padding=kernel_size - 1, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        state: torch.Tensor | None = None,
+        output_final_state: bool = False,
+        decoding: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        weight = self.weight.squeeze(1)
+        if decoding:
+            return causal_conv1d_update(x, state, weight, activation="silu")
+        return causal_conv1d(
+            x,
+            weight,
+            activation="silu",
+            initial_state=state,
+            output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens,
+        )
+
+
+class ZebraGatedDeltaNet(nn.Module):
+    def __init__(self, config: ZebraConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.gdn_num_heads
+        self.head_k_dim = config.gdn_head_dim
+        self.head_v_dim = config.gdn_head_v_dim
+        self.key_dim = self.num_heads * self.head_k_dim
+        self.value_dim = self.num_heads * self.head_v_dim
+        hidden = config.hidden_size
+
+        self.q_proj = nn.Linear(hidden, self.key_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, self.key_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, self.value_dim, bias=False)
+        self.a_proj = nn.Linear(hidden, self.num_heads, bias=False)
+        self.b_proj = nn.Linear(hidden, self.num_heads, bias=False)
+        self.A_log = nn.Parameter(torch.empty(self.num_heads))
+        self.dt_bias = nn.Parameter(torch.empty(self.num_heads))
+        self.q_conv1d = ZebraShortConv(self.key_dim, config.gdn_conv_size)
+        self.k_conv1d = ZebraShortConv(self.key_dim, config.gdn_conv_size)
+        self.v_conv1d = ZebraShortConv(self.value_dim, config.gdn_conv_size)
+        self.g_proj = nn.Linear(hidden, self.value_dim, bias=False)
+        self.o_norm = ZebraGatedRMSNorm(self.head_v_dim, eps=config.rms_norm_eps)
+        self.o_proj = nn.Linear(self.value_dim, hidden, bias=False)
+        with torch.no_grad():
+            A_log, dt_bias = gdn_decay_init(self.num_heads)
+            self.A_log.copy_(A_log)
+            self.dt_bias.copy_(dt_bias)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        cu_seqlens: torch.Tensor | None = None,
+        padding_mask: torch.Tensor | None = None,
+        past_key_values=None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """``cu_seqlens`` marks packed-sample borders over the flattened batch; ``padding_mask`` (``[B, T]``,
+        1 = token) zeroes padded positions before the convolutions so left padding cannot reach the state."""
+        batch, length, _ = hidden_states.shape
+        cache = past_key_values.gdn_layer(self.layer_idx) if past_key_values is not None else None
+        decoding = cache is not None and cache.has_previous_state
+        if cu_seqlens is not None and cache is not None:
+            raise ValueError("Packed sequences (cu_seqlens) cannot be combined with a decode cache")
+
+        if padding_mask is not None:
+            hidden_states = hidden_states * padding_mask[..., None].to(hidden_states.dtype)
+        mixed = (self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states))
+        if cu_seqlens is not None:
+            mixed = tuple(x.reshape(1, batch * length, -1) for x in mixed)
+
+        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+        conv_states = cache.conv_states_qkv if cache is not None else (None, None, None)
+        outputs, new_conv_states = [], []
+        for conv, x, state in zip(convs, mixed, conv_states, strict=True):
+            y, new_state = conv(
+                x, cu_seqlens=cu_seqlens, state=state, output_final_state=cache is not None, decoding=decoding
+            )
+            outputs.append(y)
+            new_conv_states.append(new_state)
+        q, k, v = outputs
+        q = q.unflatten(-1, (self.num_heads, self.head_k_dim))
+        k = k.unflatten(-1, (self.num_heads, self.head_k_dim))
+        v = v.unflatten(-1, (self.num_heads, self.head_v_dim))
+
+        beta = self.b_proj(hidden_states).sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(self.a_proj(hidden_states).float() + self.dt_bias)
+        if cu_seqlens is not None:
+            beta = beta.reshape(1, batch * length, -1)
+            g = g.reshape(1, batch * length, -1)
+
+        rule = fused_recurrent_gated_delta_rule if decoding else chunk_gated_delta_rule
+        output, recurrent_state = rule(
+            q,
+            k,
+            v,
+            g=g,
+            beta=beta,
+            initial_state=cache.recurrent_state if decoding else None,
+            output_final_state=cache is not None,
+            cu_seqlens=cu_seqlens,
+            use_qk_l2norm_in_kernel=True,
+        )
+        if cache is not None:
+            cache.store(new_conv_states, recurrent_state, num_tokens=length)
+
+        output = output.reshape(batch, length, self.num_heads, self.head_v_dim)
+        gate = self.g_proj(hidden_states).unflatten(-1, (self.num_heads, self.head_v_dim))
+        output = self.o_norm(output, gate)
+        return self.o_proj(output.reshape(batch, length, self.value_dim))

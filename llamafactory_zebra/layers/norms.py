@@ -1,0 +1,48 @@
+"""RMS norms of the Zebra blocks: Qwen3's plain one, and the gated one that closes a GDN mixer."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ZebraRMSNorm(nn.Module):
+    """Qwen3's RMSNorm (weight initialised to one, statistics in fp32)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+
+
+class ZebraGatedRMSNorm(nn.Module):
+    """``rmsnorm(x) * weight * silu(gate)`` over one head's value channels, as fla's ``FusedRMSNormGated``.
+
+    The released GDN layers store it as ``o_norm.weight`` of size ``head_v_dim``; computing it here in
+    fp32 keeps the CPU path exact and lets the GPU path stay in PyTorch (it is not a hot spot).
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        hidden_states = self.weight.float() * hidden_states * F.silu(gate.to(torch.float32))
+        return hidden_states.to(input_dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"

@@ -1,0 +1,418 @@
+"""Zebra hybrid decoder (Qwen3 blocks with MLA or Gated DeltaNet token mixers) for transformers.
+
+Module names and parameter shapes follow AMD's released checkpoints (``model.layers.{i}.mla.*`` /
+``model.layers.{i}.gdn.*``, Qwen3's MLP and norms, untied ``lm_head``), so their safetensors load with
+no key mapping.
+
+Packed batches never leak across samples: when ``position_ids`` restart inside a row (LLaMA-Factory's
+``packing``), when the 2-D attention mask carries segment ids 1, 2, 3… (``neat_packing``), or when a
+4-D block-diagonal mask is given, the model derives per-sample segments once and hands them to both
+mixers — as ``cu_seqlens`` to the GDN recurrence and convolutions, and as a block-diagonal mask (or
+restarting positions for FlashAttention-2's varlen path) to MLA.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionCacheLayerMixin
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
+from transformers.modeling_utils import PreTrainedModel
+
+from .configuration_zebra import MLA, ZebraConfig
+from .layers.gated_deltanet import ZebraGatedDeltaNet, ZebraShortConv, gdn_decay_init
+from .layers.mla import ZebraMLA
+from .layers.norms import ZebraRMSNorm
+from .ops import cu_seqlens_from_segment_ids
+
+
+class ZebraMLP(nn.Module):
+    def __init__(self, config: ZebraConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class ZebraRotaryEmbedding(nn.Module):
+    """cos/sin for the ``qk_rope_head_dim`` rotary dims of MLA, with transformers' RoPE variants (YaRN…)."""
+
+    inv_freq: torch.Tensor
+
+    def __init__(self, config: ZebraConfig, device: torch.device | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.max_seq_len_cached = config.max_position_embeddings
+        self.original_max_seq_len = config.max_position_embeddings
+        self.rope_type = config.rope_parameters.get("rope_type", "default")
+        init_fn: Callable = ROPE_INIT_FUNCTIONS[self.rope_type] if self.rope_type != "default" else self._default
+        inv_freq, self.attention_scaling = init_fn(config, device)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
+
+    @staticmethod
+    def _default(config: ZebraConfig, device: torch.device | None = None, seq_len: int | None = None):
+        dim = config.qk_rope_head_dim
+        exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim
+        return 1.0 / (config.rope_parameters["rope_theta"] ** exponents), 1.0
+
+    compute_default_rope_parameters = _default
+
+    @torch.no_grad()
+    @dynamic_rope_update
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1).to(x.device)
+        with torch.autocast(device_type=x.device.type if x.device.type != "mps" else "cpu", enabled=False):
+            freqs = (inv_freq @ position_ids[:, None, :].float()).transpose(1, 2)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos = emb.cos() * self.attention_scaling
+            sin = emb.sin() * self.attention_scaling
+        return cos.to(x.dtype), sin.to(x.dtype)
+
+
+class GatedDeltaNetCacheLayer(LinearAttentionCacheLayerMixin):
+    """Decode state of one GDN layer: the q/k/v convolution windows and the ``[B, H, dk, dv]`` recurrence.
+
+    The three windows are kept in one tensor (channels concatenated) so transformers' generic cache
+    operations — beam reordering, offloading, reset — handle them.
+    """
+
+    def __init__(self, split_sizes: tuple[int, int, int]) -> None:
+        super().__init__()
+        self.split_sizes = split_sizes
+        self.seen_tokens = 0
+
+    def lazy_initialization(self, conv_states=None, recurrent_states=None) -> None:
+        if conv_states is not None:
+            self.conv_states = conv_states
+            self.device = conv_states.device
+            self.is_conv_states_initialized = True
+        if recurrent_states is not None:
+            self.recurrent_states = recurrent_states
+            self.is_recurrent_states_initialized = True
+
+    def update_conv_state(self, conv_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.lazy_initialization(conv_states=conv_states)
+        return self.conv_states
+
+    def update_recurrent_state(self, recurrent_states: torch.Tensor, **kwargs) -> torch.Tensor:
+        self.lazy_initialization(recurrent_states=recurrent_states)
+        return self.recurrent_states
+
+    @property
+    def conv_states_qkv(self) -> tuple[torch.Tensor | None, ...]:
+        if not self.is_conv_states_initialized:
+            return (None, None, None)
+        return tuple(self.conv_states.split(self.split_sizes, dim=1))
+
+    @property
+    def recurrent_state(self) -> torch.Tensor | None:
+        return self.recurrent_states
+
+    def store(self, conv_states: list[torch.Tensor], recurrent_state: torch.Tensor, num_tokens: int) -> None:
+        self.update_conv_state(torch.cat(conv_states, dim=1))
+        self.update_recurrent_state(recurrent_state)
+        self.seen_tokens += num_tokens
+        self.has_previous_state = True
+
+    def reset(self) -> None:
+        super().reset()
+        self.seen_tokens = 0
+
+
+class ZebraHybridCache(Cache):
+    """Per layer: the MLA latent and rope key (a ``DynamicLayer`` with one "head"), or the GDN state."""
+
+    def __init__(self, config: ZebraConfig) -> None:
+        layers = []
+        key_dim = config.gdn_num_heads * config.gdn_head_dim
+        value_dim = config.gdn_num_heads * config.gdn_head_v_dim
+        for layer_type in config.layer_types:
+            if layer_type == MLA:
+                layers.append(DynamicLayer())
+            else:
+                layers.append(GatedDeltaNetCacheLayer((key_dim, key_dim, value_dim)))
+        super().__init__(layers=layers)
+        self.layer_types = list(config.layer_types)
+
+    def gdn_layer(self, layer_idx: int) -> GatedDeltaNetCacheLayer:
+        return self.layers[layer_idx]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        if MLA in self.layer_types:
+            return super().get_seq_length(layer_idx if self.layer_types[layer_idx] == MLA else 0)
+        return self.layers[0].seen_tokens
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        if self.layer_types[layer_idx] != MLA:
+            layer_idx = self.layer_types.index(MLA) if MLA in self.layer_types else layer_idx
+            if self.layer_types[layer_idx] != MLA:
+                return query_length + self.get_seq_length(), 0
+        return super().get_mask_sizes(query_length, layer_idx)
+
+    def bytes_per_token(self) -> int:
+        """Bytes the MLA layers add per cached token (the GDN state does not grow with length)."""
+        total = 0
+        for layer in self.layers:
+            if isinstance(layer, DynamicLayer) and layer.is_initialized:
+                total += (layer.keys.shape[-1] + layer.values.shape[-1]) * layer.keys.element_size()
+        return total
+
+
+class ZebraDecoderLayer(GradientCheckpointingLayer):
+    def __init__(self, config: ZebraConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_type = config.layer_types[layer_idx]
+        if self.layer_type == MLA:
+            self.mla = ZebraMLA(config, layer_idx)
+        else:
+            self.gdn = ZebraGatedDeltaNet(config, layer_idx)
+        self.mlp = ZebraMLP(config)
+        self.input_layernorm = ZebraRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = ZebraRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        padding_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        if self.layer_type == MLA:
+            hidden_states = self.mla(
+                hidden_states,
+                position_embeddings=position_embeddings,
+                attention_mask=attention_mask,
+                past_key_values=past_key_values,
+                **kwargs,
+            )
+        else:
+            hidden_states = self.gdn(
+                hidden_states, cu_seqlens=cu_seqlens, padding_mask=padding_mask, past_key_values=past_key_values
+            )
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.mlp(self.post_attention_layernorm(hidden_states))
+        return residual + hidden_states
+
+
+class ZebraPreTrainedModel(PreTrainedModel):
+    config_class = ZebraConfig
+    config: ZebraConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["ZebraDecoderLayer"]
+    _skip_keys_device_placement = "past_key_values"
+    _supports_flash_attn = True
+    _supports_sdpa = True
+    _supports_attention_backend = True
+    _is_stateful = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, ZebraGatedDeltaNet):
+            A_log, dt_bias = gdn_decay_init(module.num_heads)
+            init.copy_(module.A_log, A_log)
+            init.copy_(module.dt_bias, dt_bias)
+        elif isinstance(module, ZebraShortConv):
+            # torch's own Conv1d default; the 0.02-normal of linear layers would mute the short convolutions.
+            init.kaiming_uniform_(module.weight, a=math.sqrt(5))
+
+
+def packed_segment_ids(attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None) -> torch.Tensor | None:
+    """``[B, T]`` sample ids (0 on padding) when a row holds several packed samples, else ``None``."""
+    if attention_mask is not None and attention_mask.dim() == 4:
+        visible = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+        sees_previous = visible[:, 0].diagonal(offset=-1, dim1=-2, dim2=-1)
+        if bool(sees_previous.all()):
+            return None
+        starts = torch.ones_like(visible[:, 0, :, 0], dtype=torch.long)
+        starts[:, 1:] = (~sees_previous).long()
+        return starts.cumsum(-1)
+    if attention_mask is not None and attention_mask.dim() == 2 and bool((attention_mask > 1).any()):
+        return attention_mask.long()
+    if position_ids is None or position_ids.shape[-1] < 2:
+        return None
+    restarts = position_ids[:, 1:] - position_ids[:, :-1] != 1
+    if not bool(restarts.any()):
+        return None
+    starts = torch.ones_like(position_ids, dtype=torch.long)
+    starts[:, 1:] = restarts.long()
+    segments = starts.cumsum(-1)
+    if attention_mask is not None and attention_mask.dim() == 2:
+        segments = segments.masked_fill(attention_mask[:, -segments.shape[-1] :] == 0, 0)
+    return segments
+
+
+def positions_within_segments(segment_ids: torch.Tensor) -> torch.Tensor:
+    """0, 1, 2… restarting at each new segment: what FlashAttention-2's varlen path reads borders from."""
+    index = torch.arange(segment_ids.shape[-1], device=segment_ids.device).expand_as(segment_ids)
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    start_index = torch.where(starts, index, torch.zeros_like(index)).cummax(-1).values
+    return index - start_index
+
+
+def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """``[B, 1, T, T]`` boolean mask: causal and within one segment (padding tokens see only padding)."""
+    length = segment_ids.shape[-1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=segment_ids.device).tril()
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return (same & causal)[:, None]
+
+
+class ZebraModel(ZebraPreTrainedModel):
+    def __init__(self, config: ZebraConfig) -> None:
+        super().__init__(config)
+        self.padding_idx = config.pad_token_id
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, self.padding_idx)
+        self.layers = nn.ModuleList([ZebraDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = ZebraRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = ZebraRotaryEmbedding(config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        if use_cache and past_key_values is None:
+            past_key_values = ZebraHybridCache(self.config)
+        if past_key_values is not None and not isinstance(past_key_values, ZebraHybridCache):
+            raise TypeError(
+                f"Zebra models need a ZebraHybridCache (MLA latents + GDN states), got {type(past_key_values).__name__}"
+            )
+        batch, length = inputs_embeds.shape[:2]
+        past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past_seen, past_seen + length, device=inputs_embeds.device)[None]
+        position_ids = position_ids.expand(batch, -1)
+
+        segment_ids = packed_segment_ids(attention_mask, position_ids)
+        cu_seqlens = padding_mask = None
+        layer_kwargs = dict(kwargs)
+        if segment_ids is not None:
+            if past_key_values is not None and past_seen > 0:
+                raise ValueError("Packed sequences cannot continue a decode cache")
+            cu_seqlens = cu_seqlens_from_segment_ids(segment_ids)
+            padding_mask = (segment_ids != 0).to(inputs_embeds.dtype)
+            past_key_values = None
+            if self.config._attn_implementation in ("flash_attention_2", "flash_attention_3"):
+                mla_mask = None
+                layer_kwargs["position_ids"] = positions_within_segments(segment_ids)
+            elif attention_mask is not None and attention_mask.dim() == 4:
+                mla_mask = attention_mask
+            else:
+                mla_mask = block_causal_mask(segment_ids)
+        else:
+            if attention_mask is not None and attention_mask.dim() == 2 and bool((attention_mask == 0).any()):
+                padding_mask = attention_mask[:, -length:]
+            mla_mask = create_causal_mask(
+                config=self.config,
+                inputs_embeds=inputs_embeds,
+                attention_mask=attention_mask,
+                past_key_values=past_key_values,
+                position_ids=position_ids,
+            )
+
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, position_ids)
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states,
+                attention_mask=mla_mask,
+                position_embeddings=position_embeddings,
+                cu_seqlens=cu_seqlens,
+                padding_mask=padding_mask,
+                past_key_values=past_key_values,
+                **layer_kwargs,
+            )
+        hidden_states = self.norm(hidden_states)
+        return BaseModelOutputWithPast(last_hidden_state=hidden_states, past_key_values=past_key_values)
+
+
+class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
+    _tp_plan = {"lm_head": "colwise_gather_output"}
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
+
+    def __init__(self, config: ZebraConfig) -> None:
+        super().__init__(config)
+        self.model = ZebraModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        hidden_states = outputs.last_hidden_state
+        slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(hidden_states[:, slice_indices, :])
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values)
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs) -> None:
+        """transformers would build a ``DynamicCache`` from ``layer_types``; Zebra layers need their own."""
+        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
+            model_kwargs["past_key_values"] = ZebraHybridCache(self.config)
+
+
+__all__ = [
+    "ZebraPreTrainedModel",
+    "ZebraModel",
+    "ZebraForCausalLM",
+    "ZebraDecoderLayer",
+    "ZebraHybridCache",
+    "GatedDeltaNetCacheLayer",
+]
