@@ -296,18 +296,29 @@ class ZebraConfig(PreTrainedConfig):
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """Also accepts a directory in the released layout (detected by its ``hybrid_config.json``)."""
         path = os.fspath(pretrained_model_name_or_path)
-        if os.path.isfile(os.path.join(path, RELEASED_HYBRID_CONFIG)):
-            config = load_released_config(path)
-            return_unused = kwargs.pop("return_unused_kwargs", False)
-            unused = {}
-            for key, value in kwargs.items():
-                if hasattr(config, key):
-                    setattr(config, key, value)
-                else:
-                    unused[key] = value
-            return (config, unused) if return_unused else config
+        if is_released_layout(path):
+            for key in [k for k in kwargs if k.startswith("_") or k in _HUB_LOADING_KWARGS]:
+                kwargs.pop(key)
+            result = cls.from_dict(released_layout_to_kwargs(*_read_released_files(path)), **kwargs)
+            config = result[0] if isinstance(result, tuple) else result
+            config._name_or_path = path
+            return result
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
+
+# Hub/download options that from_pretrained receives but a local released directory does not use.
+_HUB_LOADING_KWARGS = {
+    "cache_dir",
+    "force_download",
+    "proxies",
+    "token",
+    "revision",
+    "local_files_only",
+    "subfolder",
+    "gguf_file",
+    "trust_remote_code",
+    "code_revision",
+}
 
 # Fields of hybrid_config.json that name a ZebraConfig attribute directly.
 _HYBRID_FIELD_MAP = {
@@ -363,6 +374,8 @@ def released_layout_to_kwargs(base_config: dict[str, Any], hybrid_config: dict[s
     except ValueError as error:
         raise ValueError(f"{RELEASED_HYBRID_CONFIG}: {error}") from None
     kwargs: dict[str, Any] = {key: base_config[key] for key in _QWEN3_FIELDS if key in base_config}
+    if "torch_dtype" in base_config or "dtype" in base_config:
+        kwargs["dtype"] = base_config.get("dtype", base_config.get("torch_dtype"))
     kwargs["num_hidden_layers"] = num_layers
     kwargs["layer_types"] = layer_types
     for source, target in _HYBRID_FIELD_MAP.items():
@@ -386,13 +399,17 @@ def released_layout_to_kwargs(base_config: dict[str, Any], hybrid_config: dict[s
     return kwargs
 
 
-def load_released_config(path: str) -> ZebraConfig:
-    """Read a released-layout directory (``config.json`` + ``hybrid_config.json``)."""
+def _read_released_files(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
         base = json.load(f)
     with open(os.path.join(path, RELEASED_HYBRID_CONFIG), encoding="utf-8") as f:
         hybrid = json.load(f)
-    config = ZebraConfig.from_released(base, hybrid)
+    return base, hybrid
+
+
+def load_released_config(path: str) -> ZebraConfig:
+    """Read a released-layout directory (``config.json`` + ``hybrid_config.json``)."""
+    config = ZebraConfig.from_released(*_read_released_files(path))
     config._name_or_path = path
     return config
 

@@ -32,6 +32,7 @@ from .configuration_zebra import MLA, ZebraConfig
 from .layers.gated_deltanet import ZebraGatedDeltaNet, ZebraShortConv, gdn_decay_init
 from .layers.mla import ZebraMLA
 from .layers.norms import ZebraRMSNorm
+from .loss import fused_causal_lm_loss, liger_can_run
 from .ops import cu_seqlens_from_segment_ids
 
 
@@ -89,6 +90,9 @@ class GatedDeltaNetCacheLayer(LinearAttentionCacheLayerMixin):
     The three windows are kept in one tensor (channels concatenated) so transformers' generic cache
     operations — beam reordering, offloading, reset — handle them.
     """
+
+    # States are replaced, not updated in place: no static addresses for torch.compile or cudagraphs.
+    is_compileable = False
 
     def __init__(self, split_sizes: tuple[int, int, int]) -> None:
         super().__init__()
@@ -226,6 +230,21 @@ class ZebraPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _is_stateful = True
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """As transformers', but weights that do not match the layer plan are an error, not a warning."""
+        want_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        problems = {kind: sorted(info.get(kind) or ()) for kind in ("missing_keys", "unexpected_keys")}
+        if any(problems.values()):
+            details = "; ".join(
+                f"{kind} ({len(keys)}): {', '.join(map(str, keys[:8]))}" for kind, keys in problems.items() if keys
+            )
+            raise ValueError(
+                f"{args[0] if args else kwargs.get('pretrained_model_name_or_path')}: weights do not match the Zebra config: {details}"
+            )
+        return (model, info) if want_info else model
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
@@ -281,6 +300,8 @@ def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
 
 
 class ZebraModel(ZebraPreTrainedModel):
+    _keys_to_ignore_on_load_unexpected = [r"^lm_head\."]
+
     def __init__(self, config: ZebraConfig) -> None:
         super().__init__(config)
         self.padding_idx = config.pad_token_id
@@ -306,9 +327,6 @@ class ZebraModel(ZebraPreTrainedModel):
             raise ValueError("Pass exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        if use_cache and past_key_values is None:
-            past_key_values = ZebraHybridCache(self.config)
         if past_key_values is not None and not isinstance(past_key_values, ZebraHybridCache):
             raise TypeError(
                 f"Zebra models need a ZebraHybridCache (MLA latents + GDN states), got {type(past_key_values).__name__}"
@@ -319,15 +337,22 @@ class ZebraModel(ZebraPreTrainedModel):
             position_ids = torch.arange(past_seen, past_seen + length, device=inputs_embeds.device)[None]
         position_ids = position_ids.expand(batch, -1)
 
-        segment_ids = packed_segment_ids(attention_mask, position_ids)
+        # A cache passed in means decoding: rows are single (possibly left-padded) sequences, whose
+        # generate()-made position_ids restart at the padding and must not be read as packing.
+        if past_key_values is not None:
+            if attention_mask is not None and attention_mask.dim() == 2 and bool((attention_mask > 1).any()):
+                raise ValueError("Packed sequences (segment ids in attention_mask) cannot be used with a decode cache")
+            segment_ids = None
+        else:
+            segment_ids = packed_segment_ids(attention_mask, position_ids)
+            use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+            if use_cache and segment_ids is None:
+                past_key_values = ZebraHybridCache(self.config)
         cu_seqlens = padding_mask = None
         layer_kwargs = dict(kwargs)
         if segment_ids is not None:
-            if past_key_values is not None and past_seen > 0:
-                raise ValueError("Packed sequences cannot continue a decode cache")
             cu_seqlens = cu_seqlens_from_segment_ids(segment_ids)
             padding_mask = (segment_ids != 0).to(inputs_embeds.dtype)
-            past_key_values = None
             if self.config._attn_implementation in ("flash_attention_2", "flash_attention_3"):
                 mla_mask = None
                 layer_kwargs["position_ids"] = positions_within_segments(segment_ids)
@@ -371,6 +396,7 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
         self.model = ZebraModel(config)
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.fused_cross_entropy: str | None = None
         self.post_init()
 
     def forward(
@@ -395,12 +421,35 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state
+        if self.fused_cross_entropy is not None and self.training and labels is not None:
+            loss = fused_causal_lm_loss(
+                hidden_states,
+                self.lm_head.weight,
+                labels,
+                backend=self.fused_cross_entropy,
+                num_items_in_batch=kwargs.get("num_items_in_batch"),
+                shift_labels=kwargs.get("shift_labels"),
+            )
+            return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=outputs.past_key_values)
         slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(hidden_states[:, slice_indices, :])
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values)
+
+    def enable_fused_cross_entropy(self, backend: str = "auto") -> str:
+        """Compute the training loss from hidden states without full logits (see ``loss.py``).
+
+        ``auto`` picks Liger's Triton kernel when the model is on a GPU and Liger is installed, the chunked
+        PyTorch function otherwise. Only training forwards with labels change; they return no logits.
+        """
+        if backend == "auto":
+            backend = "liger" if liger_can_run() else "chunked"
+        if backend not in ("liger", "chunked"):
+            raise ValueError(f"fused cross-entropy backend must be 'auto', 'liger' or 'chunked', got {backend!r}")
+        self.fused_cross_entropy = backend
+        return backend
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs) -> None:
         """transformers would build a ``DynamicCache`` from ``layer_types``; Zebra layers need their own."""

@@ -23,11 +23,11 @@ WATCHED_MODULES = frozenset(
     {
         "llamafactory.extras.constants",
         "llamafactory.data.template",
+        "llamafactory.data.converter",
         "llamafactory.data.parser",
         "llamafactory.model.loader",
         "llamafactory.model.patcher",
         "llamafactory.hparams.parser",
-        "llamafactory.train.tuner",
         "llamafactory.webui.common",
     }
 )

@@ -127,7 +127,8 @@ class ZebraGatedDeltaNet(nn.Module):
         v = v.unflatten(-1, (self.num_heads, self.head_v_dim))
 
         beta = self.b_proj(hidden_states).sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(self.a_proj(hidden_states).float() + self.dt_bias)
+        decay_dtype = torch.promote_types(hidden_states.dtype, torch.float32)
+        g = -self.A_log.to(decay_dtype).exp() * F.softplus(self.a_proj(hidden_states).to(decay_dtype) + self.dt_bias)
         if cu_seqlens is not None:
             beta = beta.reshape(1, batch * length, -1)
             g = g.reshape(1, batch * length, -1)

@@ -1,4 +1,7 @@
-"""RMS norms of the Zebra blocks: Qwen3's plain one, and the gated one that closes a GDN mixer."""
+"""RMS norms of the Zebra blocks: Qwen3's plain one, and the gated one that closes a GDN mixer.
+
+Statistics are computed in at least fp32 (fp64 stays fp64, so the fp64 reference tests stay exact).
+"""
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +18,7 @@ class ZebraRMSNorm(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
+        hidden_states = hidden_states.to(torch.promote_types(input_dtype, torch.float32))
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
         return self.weight * hidden_states.to(input_dtype)
@@ -38,10 +41,11 @@ class ZebraGatedRMSNorm(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
+        compute_dtype = torch.promote_types(input_dtype, torch.float32)
+        hidden_states = hidden_states.to(compute_dtype)
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        hidden_states = self.weight.float() * hidden_states * F.silu(gate.to(torch.float32))
+        hidden_states = self.weight.to(compute_dtype) * hidden_states * F.silu(gate.to(compute_dtype))
         return hidden_states.to(input_dtype)
 
     def extra_repr(self) -> str:

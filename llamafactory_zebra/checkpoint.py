@@ -1,0 +1,100 @@
+"""Key checks and conversion for checkpoints in AMD's released Zebra layout.
+
+transformers only warns about missing or unexpected weights; a Zebra checkpoint whose keys do not
+match the architecture is always a mistake (wrong layer plan, wrong model), so it is rejected here
+with the offending names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from safetensors import safe_open
+
+from .configuration_zebra import RELEASED_HYBRID_CONFIG, ZebraConfig, load_released_config
+
+# Files copied verbatim from a released directory into a native one (when present).
+TOKENIZER_AND_GENERATION_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+
+
+def expected_state_dict_keys(config: ZebraConfig) -> set[str]:
+    import torch
+
+    from .modeling_zebra import ZebraForCausalLM
+
+    with torch.device("meta"):
+        model = ZebraForCausalLM(config)
+    return set(model.state_dict().keys())
+
+
+def safetensors_files(path: str | Path) -> list[Path]:
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors weight files")
+    return files
+
+
+def checkpoint_keys(path: str | Path) -> set[str]:
+    keys: set[str] = set()
+    for file in safetensors_files(path):
+        with safe_open(str(file), framework="pt") as handle:
+            keys.update(handle.keys())
+    return keys
+
+
+def verify_keys(found: set[str], expected: set[str], where: str) -> None:
+    missing, unexpected = sorted(expected - found), sorted(found - expected)
+    if missing or unexpected:
+        lines = [f"{where}: the weights do not match the Zebra architecture described by its config"]
+        if missing:
+            lines.append(f"  missing ({len(missing)}): {', '.join(missing[:8])}{' …' if len(missing) > 8 else ''}")
+        if unexpected:
+            lines.append(
+                f"  unexpected ({len(unexpected)}): {', '.join(unexpected[:8])}{' …' if len(unexpected) > 8 else ''}"
+            )
+        lines.append("  check that hybrid_config.json's mla_layers and dimensions belong to these weights")
+        raise ValueError("\n".join(lines))
+
+
+def import_released_checkpoint(source: str | Path, output: str | Path, link: bool = True) -> Path:
+    """Write a native Zebra checkpoint (``model_type: zebra`` config) next to the released weights."""
+    source, output = Path(source), Path(output)
+    if not (source / RELEASED_HYBRID_CONFIG).is_file():
+        raise FileNotFoundError(f"{source}: no {RELEASED_HYBRID_CONFIG}; this is not a released Zebra directory")
+    config = load_released_config(str(source))
+    verify_keys(checkpoint_keys(source), expected_state_dict_keys(config), str(source))
+    output.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(output)
+    weight_files = safetensors_files(source) + sorted(source.glob("*.safetensors.index.json"))
+    for file in weight_files:
+        _link_or_copy(file, output / file.name, link)
+    for name in TOKENIZER_AND_GENERATION_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, output / name)
+    with open(output / "zebra_import.json", "w", encoding="utf-8") as f:
+        json.dump({"imported_from": str(source.resolve()), "layout": "released"}, f, indent=2)
+    return output
+
+
+def _link_or_copy(source: Path, target: Path, link: bool) -> None:
+    if target.exists():
+        target.unlink()
+    if link:
+        try:
+            os.link(source, target)
+            return
+        except OSError:
+            pass
+    shutil.copy2(source, target)

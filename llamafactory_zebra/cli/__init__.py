@@ -1,0 +1,1 @@
+"""``llamafactory-zebra`` subcommands; each module registers itself with ``add_parser``."""

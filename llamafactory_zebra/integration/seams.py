@@ -1,0 +1,190 @@
+"""Every place where llamafactory-zebra changes LLaMA-Factory 0.9.5 behaviour, and why.
+
+Each function receives the freshly imported LLaMA-Factory module and wraps one module-level name.
+Wrappers change nothing for non-Zebra models. ``UPSTREAM_SEAMS`` lists the names and signatures relied
+on; ``tests/test_upstream_seams.py`` fails when an upgrade moves or renames any of them, and
+:func:`require_seam` raises at activation with the same message, instead of patching the wrong thing.
+
+Seams (module → name):
+- ``extras.constants.register_model_group``: web UI model list + default template (a public registry).
+- ``data.template.TEMPLATES``: ``template: zebra`` as a name for the Qwen3 ChatML template.
+- ``model.loader.load_config``: a released-layout directory (``hybrid_config.json``) loads as Zebra.
+- ``model.loader.apply_liger_kernel``: Liger dispatches on ``model_type`` and skips unknown types; for
+  Zebra the fused linear cross-entropy is switched on by ``patch_model`` below instead.
+- ``model.loader.patch_model``: after the model exists, enable fused CE when ``enable_liger_kernel``.
+- ``model.patcher.configure_rope``: LLaMA-Factory replaces ``rope_scaling`` wholesale and drops
+  ``rope_theta`` and YaRN's ``mscale`` keys; for Zebra they are carried over.
+- ``hparams.parser.get_train_args``: for Zebra, keep neat-packing masks 2-D (the model isolates
+  samples itself, so the O(L²) 4-D mask LLaMA-Factory builds for non-FA2 backends is not needed) and
+  run the training guard rails before any data is loaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from types import ModuleType
+from typing import Any
+
+from ..configuration_zebra import RELEASED_HYBRID_CONFIG, ZebraConfig, is_released_layout, load_released_config
+
+# (module, attribute, parameters the wrapper relies on, in order)
+UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("llamafactory.extras.constants", "register_model_group", ("models", "template", "multimodal")),
+    ("llamafactory.model.loader", "load_config", ("model_args",)),
+    ("llamafactory.model.loader", "apply_liger_kernel", ("config", "model_args", "is_trainable", "require_logits")),
+    (
+        "llamafactory.model.loader",
+        "patch_model",
+        ("model", "tokenizer", "model_args", "is_trainable", "add_valuehead"),
+    ),
+    ("llamafactory.model.patcher", "configure_rope", ("config", "model_args")),
+    ("llamafactory.hparams.parser", "get_train_args", ("args",)),
+)
+
+# LLaMA-Factory's configure_rope writes only rope_type, factor and original_max_position_embeddings; every
+# other key the checkpoint had (rope_theta, YaRN's mscale…) is kept, and YaRN-only keys leave with YaRN.
+YARN_ONLY_ROPE_KEYS = ("mscale", "mscale_all_dim", "beta_fast", "beta_slow", "attention_factor")
+
+ZEBRA_TEMPLATE = "zebra"
+BASE_TEMPLATE = "qwen3"
+
+
+class UpstreamSeamChanged(RuntimeError):
+    pass
+
+
+def require_seam(module: ModuleType, attribute: str, parameters: tuple[str, ...]) -> Any:
+    target = getattr(module, attribute, None)
+    if target is None:
+        raise UpstreamSeamChanged(
+            f"{module.__name__}.{attribute} is gone; llamafactory-zebra supports LLaMA-Factory 0.9.x "
+            "(set LLAMAFACTORY_ZEBRA_DISABLE=1 to run LLaMA-Factory without the plugin)"
+        )
+    actual = tuple(inspect.signature(target).parameters)
+    if actual[: len(parameters)] != parameters:
+        raise UpstreamSeamChanged(
+            f"{module.__name__}.{attribute} now takes {actual}, expected {parameters}; "
+            "llamafactory-zebra supports LLaMA-Factory 0.9.x (set LLAMAFACTORY_ZEBRA_DISABLE=1 to bypass)"
+        )
+    return target
+
+
+def _seam(module: ModuleType, attribute: str) -> Any:
+    for module_name, name, parameters in UPSTREAM_SEAMS:
+        if module_name == module.__name__ and name == attribute:
+            return require_seam(module, attribute, parameters)
+    raise KeyError(f"{module.__name__}.{attribute} is not a declared seam")
+
+
+def is_zebra_checkpoint(path: str | None) -> bool:
+    """A local directory whose config says ``model_type: zebra``, or one in the released layout."""
+    if not path or not os.path.isdir(path):
+        return False
+    if is_released_layout(path):
+        return True
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        return False
+    import json
+
+    with open(config_file, encoding="utf-8") as f:
+        return json.load(f).get("model_type") == ZebraConfig.model_type
+
+
+def _is_zebra(config: Any) -> bool:
+    return getattr(config, "model_type", None) == ZebraConfig.model_type
+
+
+def register_model_groups(constants: ModuleType) -> None:
+    from .model_groups import MODEL_GROUPS
+
+    register = _seam(constants, "register_model_group")
+    for models in MODEL_GROUPS:
+        register(
+            models={name: {constants.DownloadSource.DEFAULT: hub_id} for name, hub_id in models.items()},
+            template=ZEBRA_TEMPLATE,
+        )
+
+
+def register_template(template_module: ModuleType) -> None:
+    """``template: zebra`` is LLaMA-Factory's own ``qwen3`` template object under the Zebra name."""
+    templates = template_module.TEMPLATES
+    if BASE_TEMPLATE not in templates:
+        raise UpstreamSeamChanged(f"LLaMA-Factory has no {BASE_TEMPLATE!r} template any more")
+    templates.setdefault(ZEBRA_TEMPLATE, templates[BASE_TEMPLATE])
+
+
+def patch_loader(loader: ModuleType) -> None:
+    load_config = _seam(loader, "load_config")
+    apply_liger_kernel = _seam(loader, "apply_liger_kernel")
+    patch_model = _seam(loader, "patch_model")
+
+    @functools.wraps(load_config)
+    def zebra_load_config(model_args):
+        if is_released_layout(model_args.model_name_or_path or ""):
+            loader.logger.info_rank0(
+                f"llamafactory-zebra: {model_args.model_name_or_path} is in AMD's released layout "
+                f"({RELEASED_HYBRID_CONFIG}); loading it as ZebraForCausalLM"
+            )
+            return load_released_config(model_args.model_name_or_path)
+        return load_config(model_args)
+
+    @functools.wraps(apply_liger_kernel)
+    def zebra_apply_liger_kernel(config, model_args, is_trainable, require_logits):
+        if not _is_zebra(config):
+            return apply_liger_kernel(config, model_args, is_trainable, require_logits)
+        if model_args.enable_liger_kernel and require_logits:
+            loader.logger.warning_rank0("llamafactory-zebra: this stage needs logits; fused cross-entropy stays off")
+        return None
+
+    @functools.wraps(patch_model)
+    def zebra_patch_model(model, tokenizer, model_args, is_trainable, add_valuehead):
+        patch_model(model, tokenizer, model_args, is_trainable, add_valuehead)
+        if _is_zebra(model.config):
+            loader.logger.info_rank0(f"llamafactory-zebra: model class {type(model).__name__}")
+            if model_args.enable_liger_kernel and is_trainable and not add_valuehead:
+                backend = model.enable_fused_cross_entropy("auto")
+                loader.logger.info_rank0(f"llamafactory-zebra: fused linear cross-entropy on ({backend})")
+
+    loader.load_config = zebra_load_config
+    loader.apply_liger_kernel = zebra_apply_liger_kernel
+    loader.patch_model = zebra_patch_model
+
+
+def patch_rope(patcher: ModuleType) -> None:
+    configure_rope = _seam(patcher, "configure_rope")
+
+    @functools.wraps(configure_rope)
+    def zebra_configure_rope(config, model_args):
+        if not _is_zebra(config):
+            return configure_rope(config, model_args)
+        before = dict(config.rope_parameters or {})
+        configure_rope(config, model_args)
+        merged = {**before, **dict(config.rope_parameters or {})}
+        if merged.get("rope_type") != "yarn":
+            merged = {key: value for key, value in merged.items() if key not in YARN_ONLY_ROPE_KEYS}
+        config.rope_parameters = merged
+        config._validate_rope()
+        return None
+
+    patcher.configure_rope = zebra_configure_rope
+
+
+def patch_train_args(parser: ModuleType) -> None:
+    get_train_args = _seam(parser, "get_train_args")
+
+    @functools.wraps(get_train_args)
+    def zebra_get_train_args(args=None):
+        model_args, data_args, training_args, finetuning_args, generating_args = get_train_args(args)
+        if is_zebra_checkpoint(model_args.model_name_or_path):
+            model_args.block_diag_attn = False
+            from .guards import check_training_setup
+
+            config = ZebraConfig.from_pretrained(model_args.model_name_or_path)
+            for warning in check_training_setup(model_args, data_args, training_args, finetuning_args, config):
+                parser.logger.warning_rank0(f"llamafactory-zebra: {warning}")
+        return model_args, data_args, training_args, finetuning_args, generating_args
+
+    parser.get_train_args = zebra_get_train_args

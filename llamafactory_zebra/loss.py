@@ -1,0 +1,122 @@
+"""Causal-LM loss straight from hidden states, never holding full-vocabulary logits for the whole sequence.
+
+At 1M tokens the logits alone are 1M × 151936 values. On GPU Liger's fused linear cross-entropy
+(Triton) avoids them; Liger cannot run where Triton cannot (CPU), and LLaMA-Factory's
+``enable_liger_kernel`` does not know the ``zebra`` model type, so this module provides both backends
+behind one switch: Liger's kernel when it can run, and a chunked PyTorch function with the same
+contract otherwise.
+
+The chunked function computes the gradients of each token chunk during the forward pass (as Liger
+does) and scales them by the incoming gradient in backward, so memory is one chunk of logits plus
+the gradients, whatever the sequence length.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+DEFAULT_CHUNK_TOKENS = 1024
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, ignore_index, chunk_tokens):
+        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        total = torch.zeros((), dtype=dtype, device=hidden.device)
+        needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if needs_grad else None
+        weight_c = weight.to(dtype)
+        for start in range(0, hidden.shape[0], chunk_tokens):
+            h = hidden[start : start + chunk_tokens]
+            t = targets[start : start + chunk_tokens]
+            valid = t != ignore_index
+            logits = h.to(dtype) @ weight_c.t()
+            log_probs = logits.log_softmax(dim=-1)
+            safe_t = t.masked_fill(~valid, 0)
+            total = total - (log_probs.gather(1, safe_t[:, None]).squeeze(1) * valid).sum()
+            if needs_grad:
+                d_logits = log_probs.exp_()
+                d_logits[torch.arange(t.shape[0], device=t.device), safe_t] -= 1.0
+                d_logits *= valid[:, None]
+                if grad_hidden is not None:
+                    grad_hidden[start : start + chunk_tokens] = (d_logits @ weight_c).to(hidden.dtype)
+                grad_weight += d_logits.t() @ h.to(dtype)
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        d_hidden = grad_hidden * grad_output.to(grad_hidden.dtype) if ctx.needs_input_grad[0] else None
+        d_weight = None
+        if ctx.needs_input_grad[1]:
+            d_weight = (grad_weight * grad_output).to(ctx.weight_dtype)
+        return d_hidden, d_weight, None, None, None
+
+
+def chunked_linear_cross_entropy_sum(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    ignore_index: int = IGNORE_INDEX,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> torch.Tensor:
+    """Σ over non-ignored tokens of ``-log softmax(hidden @ weightᵀ)[target]`` (at least fp32), chunk by chunk."""
+    if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
+        raise ValueError(
+            f"hidden must be [N, H] and targets [N], got {tuple(hidden.shape)} and {tuple(targets.shape)}"
+        )
+    if chunk_tokens <= 0:
+        raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
+    return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_tokens)
+
+
+def liger_can_run() -> bool:
+    """Liger's kernels are Triton: they need a GPU (CUDA or ROCm) and the package."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import liger_kernel.transformers.fused_linear_cross_entropy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def shifted_targets(labels: torch.Tensor, shift_labels: torch.Tensor | None = None) -> torch.Tensor:
+    """Next-token targets aligned with every position, exactly as transformers' ``ForCausalLMLoss`` builds them."""
+    if shift_labels is not None:
+        return shift_labels
+    return F.pad(labels, (0, 1), value=IGNORE_INDEX)[..., 1:]
+
+
+def fused_causal_lm_loss(
+    hidden_states: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    labels: torch.Tensor | None,
+    backend: str,
+    num_items_in_batch: torch.Tensor | int | None = None,
+    shift_labels: torch.Tensor | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> torch.Tensor:
+    """Mean next-token loss (or sum / ``num_items_in_batch``, as the HF Trainer asks) without full logits."""
+    targets = shifted_targets(labels, shift_labels).reshape(-1).to(hidden_states.device)
+    hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
+    if backend == "liger":
+        from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+
+        total = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")(
+            lm_head_weight, hidden, targets
+        )
+    elif backend == "chunked":
+        total = chunked_linear_cross_entropy_sum(hidden, lm_head_weight, targets, chunk_tokens=chunk_tokens)
+    else:
+        raise ValueError(f"fused cross-entropy backend must be 'liger' or 'chunked', got {backend!r}")
+    if num_items_in_batch is None:
+        num_items_in_batch = (targets != IGNORE_INDEX).sum()
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch

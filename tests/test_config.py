@@ -1,0 +1,127 @@
+import json
+
+import pytest
+import torch
+
+from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
+from llamafactory_zebra.configuration_zebra import PRESETS
+
+
+@pytest.mark.parametrize(
+    ("preset", "expected"),
+    [("qwen3-1.7b-7mla21gdn-1m", 2_284_173_820), ("qwen3-1.7b-14mla14gdn", 2_182_902_440)],
+)
+def test_released_presets_have_the_published_parameter_counts(preset, expected):
+    with torch.device("meta"):
+        model = ZebraForCausalLM(ZebraConfig.from_preset(preset))
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+def test_gdn_layer_has_the_reference_parameter_count():
+    with torch.device("meta"):
+        model = ZebraForCausalLM(ZebraConfig.from_preset("qwen3-1.7b-7mla21gdn-1m"))
+    assert sum(p.numel() for p in model.model.layers[0].gdn.parameters()) == 25_215_500
+
+
+def test_layer_plans_of_the_presets():
+    assert ZebraConfig.from_preset("qwen3-1.7b-7mla21gdn-1m").mla_layers == [1, 5, 9, 13, 17, 21, 25]
+    assert ZebraConfig.from_preset("qwen3-1.7b-14mla14gdn").mla_layers == list(range(0, 28, 2))
+    tiny = ZebraConfig.from_preset("tiny")
+    assert set(tiny.layer_types) == {"mla", "gdn"}
+
+
+def test_1m_preset_rope_is_yarn_32_over_32k():
+    config = ZebraConfig.from_preset("qwen3-1.7b-7mla21gdn-1m")
+    assert config.max_position_embeddings == 1_048_576
+    assert config.rope_parameters["rope_type"] == "yarn"
+    assert config.rope_parameters["factor"] == 32.0
+    assert config.rope_parameters["original_max_position_embeddings"] == 32768
+    assert config.rope_parameters["rope_theta"] == 1_000_000.0
+
+
+def test_state_dict_keys_follow_the_released_layout():
+    with torch.device("meta"):
+        model = ZebraForCausalLM(ZebraConfig.from_preset("qwen3-1.7b-7mla21gdn-1m"))
+    keys = set(model.state_dict())
+    mla = {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "out_proj"}
+    gdn = {"q_proj", "k_proj", "v_proj", "a_proj", "b_proj", "g_proj", "o_norm", "o_proj"}
+    gdn |= {"q_conv1d", "k_conv1d", "v_conv1d"}
+    for i in range(28):
+        mixer, names = ("mla", mla) if i % 4 == 1 else ("gdn", gdn)
+        for name in names:
+            assert f"model.layers.{i}.{mixer}.{name}.weight" in keys
+        for name in ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm"):
+            assert f"model.layers.{i}.{name}.weight" in keys
+    assert "model.layers.0.gdn.A_log" in keys and "model.layers.0.gdn.dt_bias" in keys
+    assert {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"} <= keys
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
+
+
+def test_unknown_preset_lists_the_known_ones():
+    with pytest.raises(ValueError, match="tiny"):
+        ZebraConfig.from_preset("qwen4")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"mla_layers": [1, 9]}, "mla_layers"),
+        ({"layer_types": ["mla", "attention", "gdn", "gdn"]}, "layer_types"),
+        ({"layer_types": ["mla", "gdn"]}, "layer_types"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 0.5}}, "rope_parameters"),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": -1}},
+            "rope_parameters",
+        ),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "yarn",
+                    "rope_theta": 1e6,
+                    "factor": "big",
+                    "original_max_position_embeddings": 8,
+                }
+            },
+            "rope_parameters",
+        ),
+        ({"rope_parameters": {"rope_type": "ntk-by-parts", "rope_theta": 1e6}}, "rope_parameters"),
+        (
+            {
+                "rope_parameters": {
+                    "rope_type": "yarn",
+                    "rope_theta": 1e6,
+                    "factor": 2.0,
+                    "original_max_position_embeddings": 8,
+                    "mscale": "1",
+                }
+            },
+            "rope_parameters",
+        ),
+        ({"qk_rope_head_dim": 15}, "qk_rope_head_dim"),
+        ({"gdn_head_dim": 0}, "gdn_head_dim"),
+        ({"gdn_conv_size": 1}, "gdn_conv_size"),
+    ],
+)
+def test_invalid_configs_name_the_field(overrides, field):
+    with pytest.raises(ValueError, match=f"ZebraConfig.{field}"):
+        ZebraConfig.from_preset("tiny", **overrides)
+
+
+def test_mla_layers_keyword_builds_the_plan():
+    config = ZebraConfig.from_preset("tiny", mla_layers=[0, 3])
+    assert config.layer_types == ["mla", "gdn", "gdn", "mla"]
+
+
+def test_config_round_trip(tmp_path):
+    config = ZebraConfig.from_preset("qwen3-1.7b-7mla21gdn-1m")
+    config.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["model_type"] == "zebra"
+    loaded = ZebraConfig.from_pretrained(tmp_path)
+    assert loaded.layer_types == config.layer_types
+    assert loaded.rope_parameters == config.rope_parameters
+
+
+def test_every_preset_builds():
+    for name in PRESETS:
+        ZebraConfig.from_preset(name)
