@@ -14,13 +14,18 @@ import os
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
-from transformers import PreTrainedConfig
+from transformers import PreTrainedConfig, configuration_utils
 
 logger = logging.getLogger(__name__)
 
 MLA = "mla"
 GDN = "gdn"
 LAYER_TYPES = (MLA, GDN)
+
+# transformers validates every config's layer_types against one module-level tuple, including where it
+# reads a checkpoint's config.json through the base class (Trainer's resume_from_checkpoint). Zebra's
+# layer names join that list, as a model type joins AutoConfig.
+configuration_utils.ALLOWED_LAYER_TYPES = tuple(dict.fromkeys((*configuration_utils.ALLOWED_LAYER_TYPES, *LAYER_TYPES)))
 
 RELEASED_HYBRID_CONFIG = "hybrid_config.json"
 
@@ -182,10 +187,6 @@ class ZebraConfig(PreTrainedConfig):
         self.head_dim = self.qk_rope_head_dim
         super().__post_init__(**kwargs)
         self._validate_zebra()
-
-    # transformers only knows its own layer-type names; Zebra's plan is validated in _validate_zebra.
-    def validate_layer_type(self):
-        return None
 
     @property
     def mla_layers(self) -> list[int]:

@@ -34,6 +34,7 @@ from .layers.mla import ZebraMLA
 from .layers.norms import ZebraRMSNorm
 from .loss import fused_causal_lm_loss, liger_can_run
 from .ops import cu_seqlens_from_segment_ids
+from .parallel.context import SequenceParallelContext
 
 
 class ZebraMLP(nn.Module):
@@ -210,7 +211,11 @@ class ZebraDecoderLayer(GradientCheckpointingLayer):
             )
         else:
             hidden_states = self.gdn(
-                hidden_states, cu_seqlens=cu_seqlens, padding_mask=padding_mask, past_key_values=past_key_values
+                hidden_states,
+                cu_seqlens=cu_seqlens,
+                padding_mask=padding_mask,
+                past_key_values=past_key_values,
+                sp_context=kwargs.get("sp_context"),
             )
         hidden_states = residual + hidden_states
         residual = hidden_states
@@ -311,6 +316,9 @@ class ZebraModel(ZebraPreTrainedModel):
         self.norm = ZebraRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = ZebraRotaryEmbedding(config)
         self.gradient_checkpointing = False
+        # A ``parallel.SequenceParallelLayout`` once ``parallel.enable_sequence_parallel`` ran: each forward
+        # then sees one shard of every row and its mixers exchange what crosses shard borders.
+        self.sequence_parallel = None
         self.post_init()
 
     def forward(
@@ -332,10 +340,16 @@ class ZebraModel(ZebraPreTrainedModel):
                 f"Zebra models need a ZebraHybridCache (MLA latents + GDN states), got {type(past_key_values).__name__}"
             )
         batch, length = inputs_embeds.shape[:2]
+        if self.sequence_parallel is not None and (past_key_values is not None or position_ids is None):
+            raise ValueError(
+                "with sequence parallelism the model needs the shard's position_ids "
+                "(llamafactory_zebra.parallel.shard_batch) and cannot decode with a cache"
+            )
         past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None:
             position_ids = torch.arange(past_seen, past_seen + length, device=inputs_embeds.device)[None]
         position_ids = position_ids.expand(batch, -1)
+        sp_context = None
 
         # A cache passed in means decoding: rows are single (possibly left-padded) sequences, whose
         # generate()-made position_ids restart at the padding and must not be read as packing.
@@ -343,6 +357,11 @@ class ZebraModel(ZebraPreTrainedModel):
             if attention_mask is not None and attention_mask.dim() == 2 and bool((attention_mask > 1).any()):
                 raise ValueError("Packed sequences (segment ids in attention_mask) cannot be used with a decode cache")
             segment_ids = None
+        elif self.sequence_parallel is not None:
+            sp_context = SequenceParallelContext.from_local_inputs(
+                self.sequence_parallel, position_ids, attention_mask, packed_segment_ids
+            )
+            segment_ids = sp_context.local_segment_ids
         else:
             segment_ids = packed_segment_ids(attention_mask, position_ids)
             use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
@@ -353,7 +372,10 @@ class ZebraModel(ZebraPreTrainedModel):
         if segment_ids is not None:
             cu_seqlens = cu_seqlens_from_segment_ids(segment_ids)
             padding_mask = (segment_ids != 0).to(inputs_embeds.dtype)
-            if self.config._attn_implementation in ("flash_attention_2", "flash_attention_3"):
+            if sp_context is not None:
+                mla_mask = None
+                layer_kwargs["sp_context"] = sp_context
+            elif self.config._attn_implementation in ("flash_attention_2", "flash_attention_3"):
                 mla_mask = None
                 layer_kwargs["position_ids"] = positions_within_segments(segment_ids)
             elif attention_mask is not None and attention_mask.dim() == 4:

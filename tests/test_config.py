@@ -125,3 +125,11 @@ def test_config_round_trip(tmp_path):
 def test_every_preset_builds():
     for name in PRESETS:
         ZebraConfig.from_preset(name)
+
+
+def test_base_config_class_accepts_a_zebra_config_json(tmp_path):
+    """transformers' Trainer reads a checkpoint's config.json through PreTrainedConfig when resuming."""
+    from transformers import PreTrainedConfig
+
+    ZebraConfig.from_preset("tiny").save_pretrained(tmp_path)
+    assert PreTrainedConfig.from_json_file(str(tmp_path / "config.json")).layer_types == ["gdn", "mla", "gdn", "gdn"]

@@ -29,6 +29,9 @@ WATCHED_MODULES = frozenset(
         "llamafactory.model.patcher",
         "llamafactory.hparams.parser",
         "llamafactory.webui.common",
+        "llamafactory.webui.interface",
+        "llamafactory.webui.engine",
+        "llamafactory.webui.runner",
     }
 )
 

@@ -12,8 +12,10 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
+from llamafactory_zebra_hook import DISABLE_ENV
+
 from .. import __version__
-from . import seams
+from . import seams, sequence_parallel, webui
 
 _announced = False
 
@@ -34,23 +36,28 @@ HANDLERS: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
     "llamafactory.data.parser": (_datasets("on_parser_module_loaded"),),
     "llamafactory.model.loader": (seams.patch_loader,),
     "llamafactory.model.patcher": (seams.patch_rope,),
-    "llamafactory.hparams.parser": (seams.patch_train_args,),
+    # Order matters: the SP key must leave the arguments before the Zebra checks parse them.
+    "llamafactory.hparams.parser": (seams.patch_train_args, sequence_parallel.patch_parser),
     "llamafactory.webui.common": (_datasets("on_webui_common_loaded"),),
+    "llamafactory.webui.interface": (webui.on_interface_loaded,),
+    "llamafactory.webui.engine": (webui.on_engine_loaded,),
+    "llamafactory.webui.runner": (webui.on_runner_loaded,),
 }
 
 
 def _announce() -> None:
+    """One line per process (each torchrun worker says it is active too)."""
     global _announced
     if _announced:
         return
     _announced = True
-    if int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) or 0) == 0:
-        from llamafactory.extras import logging
+    from llamafactory.extras import logging
 
-        logging.get_logger("llamafactory_zebra").info(
-            f"llamafactory-zebra {__version__} active: Zebra models, template '{seams.ZEBRA_TEMPLATE}' and recipe "
-            "datasets registered (set LLAMAFACTORY_ZEBRA_DISABLE=1 to turn off)"
-        )
+    rank = os.environ.get("RANK", "0")
+    logging.get_logger("llamafactory.zebra").info(
+        f"llamafactory-zebra {__version__} active in rank {rank}: Zebra models, template "
+        f"'{seams.ZEBRA_TEMPLATE}' and recipe datasets registered (set {DISABLE_ENV}=1 to turn off)"
+    )
 
 
 def on_module_loaded(name: str, module: ModuleType) -> None:

@@ -12,8 +12,9 @@ Seams (module → name):
 - ``model.loader.apply_liger_kernel``: Liger dispatches on ``model_type`` and skips unknown types; for
   Zebra the fused linear cross-entropy is switched on by ``patch_model`` below instead.
 - ``model.loader.patch_model``: after the model exists, enable fused CE when ``enable_liger_kernel``.
-- ``model.patcher.configure_rope``: LLaMA-Factory replaces ``rope_scaling`` wholesale and drops
-  ``rope_theta`` and YaRN's ``mscale`` keys; for Zebra they are carried over.
+- ``model.patcher.configure_rope``: LLaMA-Factory replaces ``rope_scaling`` wholesale, dropping
+  ``rope_theta`` and YaRN's ``mscale`` keys, and writes a float ``max_position_embeddings`` that strict
+  transformers-5 configs reject; for Zebra the same rule runs here without either problem.
 - ``hparams.parser.get_train_args``: for Zebra, keep neat-packing masks 2-D (the model isolates
   samples itself, so the O(L²) 4-D mask LLaMA-Factory builds for non-FA2 backends is not needed) and
   run the training guard rails before any data is loaded.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 from types import ModuleType
 from typing import Any
@@ -43,8 +45,7 @@ UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("llamafactory.hparams.parser", "get_train_args", ("args",)),
 )
 
-# LLaMA-Factory's configure_rope writes only rope_type, factor and original_max_position_embeddings; every
-# other key the checkpoint had (rope_theta, YaRN's mscale…) is kept, and YaRN-only keys leave with YaRN.
+# Keys that only mean something to YaRN; they leave when rope_scaling switches to another type.
 YARN_ONLY_ROPE_KEYS = ("mscale", "mscale_all_dim", "beta_fast", "beta_slow", "attention_factor")
 
 ZEBRA_TEMPLATE = "zebra"
@@ -160,16 +161,40 @@ def patch_rope(patcher: ModuleType) -> None:
     def zebra_configure_rope(config, model_args):
         if not _is_zebra(config):
             return configure_rope(config, model_args)
-        before = dict(config.rope_parameters or {})
-        configure_rope(config, model_args)
-        merged = {**before, **dict(config.rope_parameters or {})}
-        if merged.get("rope_type") != "yarn":
-            merged = {key: value for key, value in merged.items() if key not in YARN_ONLY_ROPE_KEYS}
-        config.rope_parameters = merged
-        config._validate_rope()
-        return None
+        return configure_zebra_rope(config, model_args, patcher.logger)
 
     patcher.configure_rope = zebra_configure_rope
+
+
+def configure_zebra_rope(config: ZebraConfig, model_args: Any, logger: Any) -> None:
+    """LLaMA-Factory's ``rope_scaling`` rule for Zebra, keeping what upstream's version loses.
+
+    Same factor as upstream (``ceil(model_max_length / original window)``, 2.0 for inference), but the
+    checkpoint's other rope keys (``rope_theta``, YaRN's ``mscale``/``mscale_all_dim``/betas) stay, and
+    ``max_position_embeddings`` stays an integer (upstream writes a float, which transformers 5's strict
+    configs reject).
+    """
+    if model_args.rope_scaling is None:
+        return
+    rope_type = getattr(model_args.rope_scaling, "value", model_args.rope_scaling)
+    before = dict(config.rope_parameters)
+    original = before.get("original_max_position_embeddings", config.max_position_embeddings)
+    if model_args.model_max_length is not None:
+        if model_args.model_max_length <= original:
+            logger.warning_rank0("Input length is smaller than max length. Disabling rope scaling.")
+            return
+        factor = float(math.ceil(model_args.model_max_length / original))
+    else:
+        factor = 2.0
+    merged = {**before, "rope_type": rope_type, "factor": factor, "original_max_position_embeddings": original}
+    if rope_type not in ("yarn", "dynamic", "llama3"):
+        del merged["original_max_position_embeddings"]
+    if rope_type != "yarn":
+        merged = {key: value for key, value in merged.items() if key not in YARN_ONLY_ROPE_KEYS}
+    config.rope_parameters = merged
+    config.max_position_embeddings = int(original * factor)
+    config._validate_rope()
+    logger.info_rank0(f"llamafactory-zebra: {rope_type} RoPE factor {factor} on the MLA rope dims ({merged})")
 
 
 def patch_train_args(parser: ModuleType) -> None:

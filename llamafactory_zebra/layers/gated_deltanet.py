@@ -96,10 +96,13 @@ class ZebraGatedDeltaNet(nn.Module):
         cu_seqlens: torch.Tensor | None = None,
         padding_mask: torch.Tensor | None = None,
         past_key_values=None,
+        sp_context=None,
         **kwargs,
     ) -> torch.Tensor:
         """``cu_seqlens`` marks packed-sample borders over the flattened batch; ``padding_mask`` (``[B, T]``,
-        1 = token) zeroes padded positions before the convolutions so left padding cannot reach the state."""
+        1 = token) zeroes padded positions before the convolutions so left padding cannot reach the state.
+        ``sp_context`` (a ``parallel.SequenceParallelContext``): the rows are shards of longer rows; the
+        convolution halo and the recurrence's entering state come from the earlier ranks."""
         batch, length, _ = hidden_states.shape
         cache = past_key_values.gdn_layer(self.layer_idx) if past_key_values is not None else None
         decoding = cache is not None and cache.has_previous_state
@@ -114,6 +117,8 @@ class ZebraGatedDeltaNet(nn.Module):
 
         convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
         conv_states = cache.conv_states_qkv if cache is not None else (None, None, None)
+        if sp_context is not None:
+            conv_states = sp_context.conv_initial_states(mixed, self.q_conv1d.kernel_size[0])
         outputs, new_conv_states = [], []
         for conv, x, state in zip(convs, mixed, conv_states, strict=True):
             y, new_state = conv(
@@ -134,6 +139,8 @@ class ZebraGatedDeltaNet(nn.Module):
             g = g.reshape(1, batch * length, -1)
 
         rule = fused_recurrent_gated_delta_rule if decoding else chunk_gated_delta_rule
+        if sp_context is not None:
+            rule = sp_context.chunk_gated_delta_rule
         output, recurrent_state = rule(
             q,
             k,

@@ -140,6 +140,7 @@ class ZebraMLA(nn.Module):
     ) -> torch.Tensor:
         batch, length, _ = hidden_states.shape
         cos, sin = position_embeddings
+        sp_context = kwargs.pop("sp_context", None)
 
         query = self.project_queries(hidden_states).view(batch, length, self.num_heads, self.qk_head_dim)
         query_nope, query_rope = query.transpose(1, 2).split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
@@ -154,6 +155,8 @@ class ZebraMLA(nn.Module):
         attention_interface: Callable = eager_attention_forward
         if self.config._attn_implementation not in (None, "eager"):
             attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+        if sp_context is not None:
+            attention_interface = sp_context.attention(attention_interface, self.config._attn_implementation)
         output, _ = attention_interface(
             self,
             query,

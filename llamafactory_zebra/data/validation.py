@@ -1,0 +1,260 @@
+"""Row checks that turn malformed data into a named drop or a clear error, never a bare KeyError.
+
+LLaMA-Factory's converters index rows directly (``example[column]``) and skip some bad rows with
+a generic "Invalid role tag" warning, so a dataset with a missing column fails deep inside
+``datasets.map`` and a broken row vanishes without a reason. Every converter (LLaMA-Factory's and
+ours) runs behind :class:`GuardedConverter`: a dataset whose mapped column is absent raises a
+``ValueError`` naming the dataset, the column and the columns present; a bad row becomes a
+placeholder example that LLaMA-Factory's processors skip, carrying its reason in the extra
+``_zebra_drop_reason`` column (removed with the other columns at tokenization), which
+``data inspect`` counts per reason with row indices.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llamafactory.data.converter import DatasetConverter
+    from llamafactory.data.parser import DatasetAttr
+
+logger = logging.getLogger(__name__)
+
+DROP_REASON_COLUMN = "_zebra_drop_reason"
+_MEDIA_FIELDS = ("images", "videos", "audios")
+# DatasetAttr fields each stock converter reads with ``example[...]`` (absent column -> KeyError upstream).
+_STOCK_FIELDS = {
+    "alpaca": ("prompt", "query", "response", "history", "system", "tools"),
+    "sharegpt": ("messages", "system", "tools"),
+    "openai": ("messages",),
+}
+
+
+class DropRow(Exception):
+    """Raised by row checks; ``kind`` groups drops in reports, ``detail`` says what is wrong."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+        self.detail = detail
+
+
+def split_reason(reason: str) -> tuple[str, str]:
+    kind, _, detail = reason.partition(": ")
+    return kind, detail
+
+
+def dataset_label(attr: DatasetAttr) -> str:
+    """The name the user wrote in ``dataset:`` when known (set by the parser seam), else the hub id/file."""
+    return getattr(attr, "zebra_name", None) or attr.dataset_name
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def required_fields(attr: DatasetAttr, converter_fields: tuple[str, ...]) -> tuple[str, ...]:
+    """DatasetAttr fields whose mapped column must exist for this dataset."""
+    fields = list(converter_fields) + list(_MEDIA_FIELDS) + ["kto_tag"]
+    if attr.ranking:
+        fields += ["chosen", "rejected"]
+    return tuple(name for name in dict.fromkeys(fields) if getattr(attr, name, None))
+
+
+def check_columns(example: dict[str, Any], attr: DatasetAttr, fields: tuple[str, ...]) -> None:
+    missing = [(name, getattr(attr, name)) for name in fields if getattr(attr, name) not in example]
+    if missing:
+        wanted = ", ".join(f"'{column}' (columns.{name})" for name, column in missing)
+        raise ValueError(
+            f"Dataset '{dataset_label(attr)}': column {wanted} not found; the data has columns "
+            f'{sorted(example)}. Map the right column in its dataset_info.json entry under "columns", '
+            "or set the field to null if the data has no such column."
+        )
+
+
+def optional_text(example: dict[str, Any], column: str | None, what: str) -> str:
+    """A string column that may be null or absent from the mapping; anything else is a wrong type."""
+    if not column:
+        return ""
+    value = example.get(column)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise DropRow("wrong type", f"{what} column '{column}' must be a string, got {_type_name(value)}")
+    return value
+
+
+def required_text(value: Any, what: str, empty_kind: str) -> str:
+    """A non-empty string (after stripping whitespace); ``empty_kind`` names the drop when it is blank."""
+    if value is None:
+        raise DropRow("missing value", f"{what} is null")
+    if not isinstance(value, str):
+        raise DropRow("wrong type", f"{what} must be a string, got {_type_name(value)}")
+    if not value.strip():
+        raise DropRow(empty_kind, f"{what} is empty")
+    return value
+
+
+def read_conversation(example: dict[str, Any], attr: DatasetAttr) -> tuple[str, list[tuple[str, str]]]:
+    """Checks a list-of-messages column and returns (system, [(role tag, content), ...]).
+
+    Follows LLaMA-Factory's sharegpt rules: an optional leading system message, then user-side
+    tags (user, observation) on even turns and assistant-side tags (assistant, function) on odd
+    turns, ending with an assistant-side turn whose content is not empty.
+    """
+    column = attr.messages
+    messages = example.get(column)
+    if messages is None:
+        raise DropRow("missing value", f"messages column '{column}' is null")
+    if not isinstance(messages, list):
+        raise DropRow("wrong type", f"messages column '{column}' must be a list, got {_type_name(messages)}")
+    turns: list[tuple[str, str]] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise DropRow("wrong type", f"message {index} must be an object, got {_type_name(message)}")
+        role, content = message.get(attr.role_tag), message.get(attr.content_tag)
+        if role is None:
+            raise DropRow("missing value", f"message {index} has no '{attr.role_tag}'")
+        if not isinstance(content, str):
+            raise DropRow(
+                "wrong type", f"message {index} '{attr.content_tag}' must be a string, got {_type_name(content)}"
+            )
+        turns.append((role, content))
+
+    system = optional_text(example, attr.system, "system")
+    if turns and attr.system_tag and turns[0][0] == attr.system_tag:
+        system = turns[0][1]
+        turns = turns[1:]
+    if not turns:
+        raise DropRow("empty conversation", f"messages column '{column}' has no user/assistant turns")
+
+    sides = ((attr.user_tag, attr.observation_tag), (attr.assistant_tag, attr.function_tag))
+    offset = len(messages) - len(turns)
+    for index, (role, _) in enumerate(turns):
+        expected = tuple(tag for tag in sides[index % 2] if tag)
+        if role not in expected:
+            raise DropRow(
+                "broken role order", f"message {index + offset} has role {role!r}, expected one of {list(expected)}"
+            )
+    if len(turns) % 2:
+        raise DropRow("broken role order", f"the conversation ends with a {turns[-1][0]!r} turn, not an answer")
+    for index in range(1, len(turns), 2):
+        if not turns[index][1].strip():
+            raise DropRow("empty response", f"message {index + offset} ({turns[index][0]!r}) is empty")
+    return system, turns
+
+
+def check_alpaca_row(example: dict[str, Any], attr: DatasetAttr) -> None:
+    instruction = optional_text(example, attr.prompt, "prompt") + optional_text(example, attr.query, "query")
+    if not instruction.strip():
+        columns = " and ".join(f"'{column}'" for column in (attr.prompt, attr.query) if column)
+        raise DropRow("empty text", f"prompt column {columns} is empty")
+    if attr.response:  # pre-training text and prediction sets map no response column
+        required_text(example.get(attr.response), f"response column '{attr.response}'", "empty response")
+    optional_text(example, attr.system, "system")
+    if attr.history and example.get(attr.history) is not None:
+        history = example[attr.history]
+        if not isinstance(history, list) or not all(
+            isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(text, str) for text in pair)
+            for pair in history
+        ):
+            raise DropRow("wrong type", f"history column '{attr.history}' must be a list of [prompt, response] pairs")
+
+
+def check_openai_row(example: dict[str, Any], attr: DatasetAttr) -> None:
+    """Type checks only: tool calls and tool results change the turn order, LLaMA-Factory checks that."""
+    messages = example.get(attr.messages)
+    if messages is None:
+        raise DropRow("missing value", f"messages column '{attr.messages}' is null")
+    if not isinstance(messages, list):
+        raise DropRow("wrong type", f"messages column '{attr.messages}' must be a list, got {_type_name(messages)}")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get(attr.role_tag) is None:
+            raise DropRow("missing value", f"message {index} has no '{attr.role_tag}'")
+
+
+def check_sharegpt_row(example: dict[str, Any], attr: DatasetAttr) -> None:
+    read_conversation(example, attr)
+
+
+_STOCK_ROW_CHECKS = {"alpaca": check_alpaca_row, "sharegpt": check_sharegpt_row, "openai": check_openai_row}
+
+
+def empty_example(reason: str) -> dict[str, Any]:
+    """The aligned form of a dropped row.
+
+    An even number of prompt turns makes every LLaMA-Factory processor that checks turns (SFT,
+    pairwise, KTO, prediction) skip the row. The turns are real (empty) messages rather than empty
+    lists: ``datasets`` fixes a column's Arrow type from the first written batch, and a batch of
+    only ``[]`` would type ``_prompt`` as list<null> and fail on the first real conversation.
+    """
+    placeholder = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
+    return {
+        "_prompt": placeholder,
+        "_response": placeholder[1:],
+        "_system": "",
+        "_tools": "",
+        "_images": None,
+        "_videos": None,
+        "_audios": None,
+        DROP_REASON_COLUMN: reason,
+    }
+
+
+def _plugin_version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+@dataclass
+class GuardedConverter:
+    """Wraps one dataset's converter: schema errors raise, bad rows become counted drops.
+
+    ``plugin_version`` is part of the pickled state that ``datasets`` hashes into its cache key
+    (classes themselves are hashed by name), so an upgraded plugin does not reuse stale conversions.
+    """
+
+    converter: DatasetConverter
+    formatting: str
+    plugin_version: str = field(default_factory=_plugin_version)
+    _warned: set[str] = field(default_factory=set, repr=False)
+
+    @property
+    def attr(self) -> DatasetAttr:
+        return self.converter.dataset_attr
+
+    def _fields(self) -> tuple[str, ...]:
+        own = getattr(self.converter, "required_fields", None)
+        return required_fields(self.attr, own if own is not None else _STOCK_FIELDS.get(self.formatting, ()))
+
+    def _is_plain_sft(self) -> bool:
+        return not self.attr.ranking and not self.attr.kto_tag
+
+    def __call__(self, example: dict[str, Any]) -> dict[str, Any]:
+        check_columns(example, self.attr, self._fields())
+        try:
+            check_row = _STOCK_ROW_CHECKS.get(self.formatting)
+            if check_row is not None and self._is_plain_sft():
+                check_row(example, self.attr)
+            output = self.converter(example)
+        except DropRow as drop:
+            return self._drop(drop.kind, drop.detail)
+        except (KeyError, TypeError, AttributeError, IndexError, ValueError) as err:
+            return self._drop("malformed row", f"{self.formatting} converter raised {type(err).__name__}: {err}")
+        if self._is_plain_sft() and (not output["_prompt"] or not output["_response"]):
+            return self._drop("broken role order", f"LLaMA-Factory's {self.formatting} converter returned no turns")
+        return {**output, DROP_REASON_COLUMN: ""}
+
+    def _drop(self, kind: str, detail: str) -> dict[str, Any]:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            logger.warning(
+                "Dataset '%s': dropping rows with %s (first: %s). `llamafactory-zebra data inspect` lists them all.",
+                dataset_label(self.attr),
+                kind,
+                detail,
+            )
+        return empty_example(f"{kind}: {detail}")

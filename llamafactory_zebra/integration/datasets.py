@@ -1,0 +1,158 @@
+"""The dataset seams: recipe datasets by name from any ``dataset_dir``, in the web UI, with converters.
+
+LLaMA-Factory reads dataset names only from ``dataset_dir/dataset_info.json`` (training:
+``data.parser.get_dataset_list``; web UI: ``webui.common.load_dataset_info``) and picks converters
+from ``data.converter.DATASET_CONVERTERS``. The activation hook calls the three ``on_*`` functions
+right after each module is imported; each wraps one function so that the user's own entries come
+first (and win on a name clash) and the registry's names are added behind them.
+
+Seams (module → name, parameters relied on):
+- ``data.converter.register_dataset_converter(name, dataset_converter)``: our converters.
+- ``data.converter.get_dataset_converter(name, dataset_attr, data_args)``: every converter runs
+  behind ``GuardedConverter`` (clear schema errors, counted drops; see ``data/validation.py``).
+- ``data.parser.get_dataset_list(dataset_names, dataset_dir)``: called with the merged entries as a
+  dict, which upstream accepts in place of a directory.
+- ``webui.common.load_dataset_info(dataset_dir)``: the dataset dropdown.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import os
+from types import ModuleType
+from typing import Any
+
+from ..data.registry import merge_dataset_info, registry_dataset_info
+from .seams import UpstreamSeamChanged, require_seam
+
+DATA_CONFIG = "dataset_info.json"
+_ORIGINAL = "__zebra_original__"
+
+
+def _is_remote(dataset_dir: Any) -> bool:
+    """``ONLINE`` (names are hub ids) and ``REMOTE:<repo>`` (config on the hub) stay upstream's business."""
+    return isinstance(dataset_dir, str) and (dataset_dir == "ONLINE" or dataset_dir.startswith("REMOTE:"))
+
+
+def read_user_dataset_info(dataset_dir: str | dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The user's entries and a label for error messages; a missing file means no user entries."""
+    if isinstance(dataset_dir, dict):
+        return dataset_dir, "the dataset_dir dict"
+    path = os.path.join(dataset_dir, DATA_CONFIG)
+    if not os.path.isfile(path):
+        return {}, path
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"Cannot read {path}: {err}") from err
+    if not isinstance(info, dict):
+        raise ValueError(f"{path} must hold a JSON object of dataset entries, got {type(info).__name__}")
+    return info, path
+
+
+def dataset_info_for(dataset_dir: str | dict[str, Any]) -> dict[str, Any]:
+    """User entries (``zebra_base`` expanded) followed by the registry's."""
+    user_info, source = read_user_dataset_info(dataset_dir)
+    return merge_dataset_info(user_info, source)
+
+
+def check_dataset_names(names: list[str], dataset_dir: str | dict[str, Any]) -> None:
+    user_info, source = read_user_dataset_info(dataset_dir)
+    registry = registry_dataset_info()
+    unknown = [name for name in names if name not in user_info and name not in registry]
+    if unknown:
+        user_names = ", ".join(sorted(user_info)) or f"none ({source} not found)"
+        raise ValueError(
+            f"Unknown dataset {', '.join(map(repr, unknown))}. Datasets in {source}: {user_names}. "
+            f"llamafactory-zebra registry: {', '.join(registry)}."
+        )
+
+
+def _already_wrapped(function: Any) -> bool:
+    return hasattr(function, _ORIGINAL)
+
+
+def on_converter_module_loaded(module: ModuleType) -> None:
+    """Registers our converters and guards every converter LLaMA-Factory hands out."""
+    from ..data.converters import ZEBRA_CONVERTERS
+    from ..data.validation import GuardedConverter, dataset_label
+
+    register = require_seam(module, "register_dataset_converter", ("name", "dataset_converter"))
+    get_converter = require_seam(module, "get_dataset_converter", ("name", "dataset_attr", "data_args"))
+    converters = getattr(module, "DATASET_CONVERTERS", None)
+    if not isinstance(converters, dict):
+        raise UpstreamSeamChanged(f"{module.__name__}.DATASET_CONVERTERS is no longer a dict")
+    for name, converter_class in ZEBRA_CONVERTERS.items():
+        if name not in converters:
+            register(name, converter_class)
+    if _already_wrapped(get_converter):
+        return
+
+    @functools.wraps(get_converter)
+    def guarded_get_dataset_converter(name, dataset_attr, data_args):
+        if name not in converters:
+            raise ValueError(
+                f"Dataset '{dataset_label(dataset_attr)}': unknown formatting {name!r}; known: {', '.join(converters)}."
+            )
+        return GuardedConverter(get_converter(name, dataset_attr, data_args), name)
+
+    setattr(guarded_get_dataset_converter, _ORIGINAL, get_converter)
+    module.get_dataset_converter = guarded_get_dataset_converter
+
+
+def on_parser_module_loaded(module: ModuleType) -> None:
+    """``dataset:`` names resolve through the user's dataset_info.json, then the registry."""
+    get_dataset_list = require_seam(module, "get_dataset_list", ("dataset_names", "dataset_dir"))
+    if _already_wrapped(get_dataset_list):
+        return
+
+    @functools.wraps(get_dataset_list)
+    def zebra_get_dataset_list(dataset_names, dataset_dir):
+        if _is_remote(dataset_dir):
+            return get_dataset_list(dataset_names, dataset_dir)
+        names = list(dataset_names or [])
+        check_dataset_names(names, dataset_dir)
+        attrs = get_dataset_list(names, dataset_info_for(dataset_dir))
+        for name, attr in zip(names, attrs, strict=True):
+            attr.zebra_name = name
+        return attrs
+
+    setattr(zebra_get_dataset_list, _ORIGINAL, get_dataset_list)
+    module.get_dataset_list = zebra_get_dataset_list
+
+
+def on_webui_common_loaded(module: ModuleType) -> None:
+    """The web UI's dataset dropdown lists the user's datasets, then the registry's."""
+    load_dataset_info = require_seam(module, "load_dataset_info", ("dataset_dir",))
+    if _already_wrapped(load_dataset_info):
+        return
+
+    @functools.wraps(load_dataset_info)
+    def zebra_load_dataset_info(dataset_dir):
+        if _is_remote(dataset_dir):
+            return load_dataset_info(dataset_dir)
+        user_info = load_dataset_info(dataset_dir) if os.path.isfile(os.path.join(dataset_dir, DATA_CONFIG)) else {}
+        return merge_dataset_info(user_info, os.path.join(dataset_dir, DATA_CONFIG))
+
+    setattr(zebra_load_dataset_info, _ORIGINAL, load_dataset_info)
+    module.load_dataset_info = zebra_load_dataset_info
+
+
+_SEAMS = {
+    "llamafactory.data.converter": on_converter_module_loaded,
+    "llamafactory.data.parser": on_parser_module_loaded,
+    "llamafactory.webui.common": on_webui_common_loaded,
+}
+
+
+def install_dataset_seams() -> None:
+    """Applies the three seams now (idempotent): for ``data inspect`` and processes without the hook.
+
+    Modules that already bound the original names (``from .parser import get_dataset_list`` in
+    ``data.loader``) keep them, which is why the hook applies the seams at import time instead.
+    """
+    for name, seam in _SEAMS.items():
+        seam(importlib.import_module(name))

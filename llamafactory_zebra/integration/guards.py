@@ -1,0 +1,152 @@
+"""Checks at training start for Zebra runs: refuse what is known to break, warn about what silently hurts.
+
+LLaMA-Factory validates arguments generically; these are the traps specific to this model family and
+its AMD recipe (see docs/rocm.md and docs/deepspeed.md):
+
+* fp16 on ROCm: the recipe trains in bf16 only; fp16's 5-bit exponent overflows (NaN losses), so it
+  is refused with the fix, not warned about.
+* a ``warmup_ratio`` at long context: packing 1M-token sequences leaves a few hundred optimizer steps
+  or fewer, and a ratio of that is a handful of warmup steps (the seed recipe uses ``warmup_steps: 200``).
+* ZeRO-3 without ``stage3_gather_16bit_weights_on_model_save``: the saved model holds empty tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+_SAVE_KEYS = (
+    "stage3_gather_16bit_weights_on_model_save",
+    "gather_16bit_weights_on_model_save",
+    "stage3_gather_fp16_weights_on_model_save",
+)
+# Fewer warmup steps than this from a ratio is almost no warmup for a length-extended model.
+MIN_WARMUP_STEPS = 10
+
+
+def running_on_rocm() -> bool:
+    import torch
+
+    return getattr(torch.version, "hip", None) is not None
+
+
+def check_training_setup(
+    model_args: Any,
+    data_args: Any,
+    training_args: Any,
+    finetuning_args: Any,
+    config: Any,
+    *,
+    num_train_examples: int | None = None,
+    is_rocm: bool | None = None,
+) -> list[str]:
+    """Warnings for a Zebra training run; raises ``ValueError`` for setups that must not start.
+
+    Args are LLaMA-Factory's parsed dataclasses and the model config. ``num_train_examples`` (the
+    length of the training dataset after packing, when known) lets the warmup check count optimizer
+    steps as the HF Trainer will; without it only ``max_steps`` is used. ``is_rocm`` overrides the
+    detection from ``torch.version.hip`` (for tests).
+    """
+    if getattr(config, "model_type", None) != "zebra":
+        return []
+    rocm = running_on_rocm() if is_rocm is None else is_rocm
+    deepspeed = deepspeed_config(training_args)
+    _refuse_fp16_on_rocm(training_args, deepspeed, rocm)
+    warnings = []
+    warmup = _warmup_warning(data_args, training_args, finetuning_args, model_args, num_train_examples)
+    if warmup:
+        warnings.append(warmup)
+    save = _zero3_save_warning(deepspeed)
+    if save:
+        warnings.append(save)
+    return warnings
+
+
+def deepspeed_config(training_args: Any) -> dict[str, Any] | None:
+    """The DeepSpeed config as the Trainer will use it (already loaded by ``TrainingArguments``) or ``None``."""
+    hf_config = getattr(training_args, "hf_deepspeed_config", None)
+    if hf_config is not None:
+        return hf_config.config
+    value = getattr(training_args, "deepspeed", None)
+    if value is None or isinstance(value, dict):
+        return value
+    with open(value, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _refuse_fp16_on_rocm(training_args: Any, deepspeed: dict[str, Any] | None, rocm: bool) -> None:
+    if not rocm:
+        return
+    ds_fp16 = bool(deepspeed) and (deepspeed.get("fp16") or {}).get("enabled") is True
+    if getattr(training_args, "fp16", False) or getattr(training_args, "fp16_full_eval", False) or ds_fp16:
+        source = "the DeepSpeed config's fp16.enabled" if ds_fp16 else "fp16: true"
+        raise ValueError(
+            f"Zebra on ROCm trains in bf16 only, but {source} asks for fp16: its narrow exponent range "
+            "overflows in long-context training (NaN loss). Set `bf16: true`, remove `fp16`, and use a "
+            "deepspeed_configs/*_bf16.json preset (see docs/rocm.md)."
+        )
+
+
+def _sequence_parallel_size(*arg_objects: Any) -> int:
+    """The data-parallel divisor of a future ``sequence_parallel_size`` key, wherever the plugin puts it."""
+    for args in arg_objects:
+        value = getattr(args, "sequence_parallel_size", None)
+        if value:
+            return int(value)
+    return 1
+
+
+def training_steps(training_args: Any, num_train_examples: int | None, sequence_parallel: int = 1) -> int | None:
+    """Optimizer steps as ``Trainer.set_initial_training_values`` computes them, or ``None`` if unknowable.
+
+    One epoch has ``ceil(examples / (batch × data-parallel ranks))`` batches per rank (no drop_last),
+    grouped by ``gradient_accumulation_steps``; sequence-parallel ranks share a batch.
+    """
+    if training_args.max_steps > 0:
+        return training_args.max_steps
+    if not num_train_examples:
+        return None
+    data_parallel = max(1, training_args.world_size // sequence_parallel)
+    per_rank = num_train_examples / (training_args.per_device_train_batch_size * data_parallel)
+    batches = math.floor(per_rank) if training_args.dataloader_drop_last else math.ceil(per_rank)
+    accumulation = training_args.gradient_accumulation_steps
+    per_epoch = max(batches // accumulation + int(batches % accumulation > 0), 1)
+    return math.ceil(training_args.num_train_epochs * per_epoch)
+
+
+def _warmup_warning(data_args, training_args, finetuning_args, model_args, num_train_examples) -> str | None:
+    ratio = training_args.warmup_steps  # transformers >= 5 stores warmup_ratio here as a float < 1
+    if not 0 < ratio < 1:
+        return None
+    steps = training_steps(
+        training_args, num_train_examples, _sequence_parallel_size(training_args, finetuning_args, model_args)
+    )
+    if steps is None:
+        return None
+    warmup = training_args.get_warmup_steps(steps)
+    if warmup >= MIN_WARMUP_STEPS:
+        return None
+    return (
+        f"warmup_ratio {ratio} gives {warmup} warmup step(s) of {steps} at cutoff_len {data_args.cutoff_len}: "
+        f"long packed sequences leave few optimizer steps, so a ratio barely warms up. Set an absolute "
+        f"`warmup_steps` (at least {MIN_WARMUP_STEPS}; AMD's 1M recipe used 200) and drop `warmup_ratio`."
+    )
+
+
+def _zero3_save_warning(deepspeed: dict[str, Any] | None) -> str | None:
+    if not deepspeed or "zero_optimization" not in deepspeed:
+        return None
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    # DeepSpeed's own parser resolves the key's aliases and deprecated spelling; the other keys may
+    # still hold HF's "auto" at training start, which it would reject, so only these are passed.
+    keys = {"stage", *_SAVE_KEYS}
+    zero = DeepSpeedZeroConfig(**{k: v for k, v in deepspeed["zero_optimization"].items() if k in keys})
+    if zero.stage != 3 or zero.gather_16bit_weights_on_model_save:
+        return None
+    return (
+        "DeepSpeed ZeRO-3 without stage3_gather_16bit_weights_on_model_save: the saved model.safetensors will "
+        "hold empty (partitioned) tensors and only the DeepSpeed checkpoint can restore the weights. Set it to "
+        "true, or use deepspeed_configs/ds_z3_bf16.json."
+    )

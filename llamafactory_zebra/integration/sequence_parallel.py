@@ -1,0 +1,258 @@
+"""``sequence_parallel_size: N`` for Zebra in ``llamafactory-cli train`` (SFT; full, LoRA, freeze).
+
+LLaMA-Factory 0.9.5 has no such key (its parser rejects unknown keys) and transformers' own ALST
+wiring needs accelerate >= 1.12, which LLaMA-Factory pins out. So the plugin adds it at three seams:
+
+- ``hparams.parser.get_train_args``: the key is taken out of the arguments before LLaMA-Factory parses
+  them, stored as ``finetuning_args.sequence_parallel_size``, and the setup is checked (world size,
+  attention backend, head count, ``cutoff_len``, unsupported options) before any data is loaded.
+- ``train.sft.workflow.CustomSeq2SeqTrainer``: with SP > 1 the SFT workflow builds
+  :func:`sequence_parallel_trainer`'s subclass of LLaMA-Factory's trainer instead (patched when the
+  parser sees the key: by then ``llamafactory.train.tuner`` has imported the workflow).
+- ``deepspeed.initialize`` (looked up by accelerate at call time), during ``train()`` only: DeepSpeed
+  gets ALST's ``parallel_state_sp`` as ``mpu`` and ``train_batch_size = micro x accumulation x dp``
+  (HF's "auto" fill counts every rank as data parallel).
+
+The trainer loads batches per data-parallel rank (accelerate's own ``prepare_data_loader`` with
+``dp`` processes, so all ranks of an SP group read the same batch, in the order a ``dp``-process run
+would), cuts each batch into this rank's shard with shifted labels (``parallel.shard_batch``), and
+divides the Trainer's token count by SP so the loss stays token-weighted over the group (see
+``parallel/sharding.py`` for why that gives exact gradients under DeepSpeed's and DDP's averaging).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+SP_KEY = "sequence_parallel_size"
+# LLaMA-Factory ``flash_attn`` values that reach an attention the SP wrapper can keep samples apart in
+# (``auto`` resolves to sdpa for Zebra; ``disabled`` is eager, whose T x T weights no long run affords).
+SP_ATTENTION = ("auto", "sdpa", "fa2", "fa3")
+UNSUPPORTED_WITH_SP = (
+    ("predict_with_generate", "generation"),
+    ("compute_accuracy", "token accuracy (needs whole-row logits)"),
+    ("use_dft_loss", "DFT loss"),
+    ("use_eaft_loss", "EAFT loss"),
+    ("use_asft_loss", "ASFT loss"),
+    ("do_eval", "evaluation"),
+    ("do_predict", "prediction"),
+)
+
+
+def pop_sequence_parallel_size(args: dict[str, Any] | list[str]) -> tuple[dict[str, Any] | list[str], int]:
+    """``args`` without the SP key, and its value (1 when absent). Accepts a YAML dict or CLI strings."""
+    if isinstance(args, dict):
+        rest = dict(args)
+        return rest, _parse_size(rest.pop(SP_KEY, 1))
+    rest, value, items = [], 1, iter(args)
+    for item in items:
+        name, _, inline = item.lstrip("-").partition("=")
+        if item.startswith("--") and name == SP_KEY:
+            value = _parse_size(inline if inline else next(items, None))
+        else:
+            rest.append(item)
+    return rest, value
+
+
+def _parse_size(value: Any) -> int:
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        size = None
+    if size is None or size < 1 or str(size) != str(value).strip():
+        raise ValueError(f"{SP_KEY} must be a positive integer (1 = off), got {value!r}")
+    return size
+
+
+def check_sequence_parallel_setup(
+    sp: int, model_args: Any, data_args: Any, training_args: Any, finetuning_args: Any, config: Any
+) -> None:
+    """Raise ``ValueError`` for a run SP cannot do exactly; called before any data is loaded."""
+    from ..parallel import check_sequence_parallel_size
+
+    if getattr(config, "model_type", None) != "zebra":
+        raise ValueError(
+            f"{SP_KEY} is implemented by llamafactory-zebra for Zebra models only; "
+            f"{model_args.model_name_or_path} is {getattr(config, 'model_type', None)!r}"
+        )
+    check_sequence_parallel_size(sp, training_args.world_size)
+    if finetuning_args.stage != "sft":
+        raise ValueError(f"{SP_KEY} supports stage: sft, got stage: {finetuning_args.stage}")
+    attention = str(getattr(model_args.flash_attn, "value", model_args.flash_attn))
+    if attention not in SP_ATTENTION:
+        raise ValueError(
+            f"flash_attn: {attention} (eager attention) cannot run under {SP_KEY}: it materialises whole-row "
+            f"attention weights per head; use flash_attn: fa2 on GPUs (packed samples via position_ids) or "
+            f"sdpa (block-diagonal mask, for CPU and short rows)"
+        )
+    if config.num_attention_heads % sp:
+        raise ValueError(
+            f"{SP_KEY}={sp} must divide the MLA query heads ({config.num_attention_heads}): Ulysses gives each "
+            f"rank whole heads"
+        )
+    if data_args.cutoff_len % sp:
+        raise ValueError(
+            f"cutoff_len={data_args.cutoff_len} must be a multiple of {SP_KEY}={sp} so a full packed row splits "
+            f"into equal shards; use e.g. cutoff_len: {data_args.cutoff_len - data_args.cutoff_len % sp + sp}"
+        )
+    for attribute, what in UNSUPPORTED_WITH_SP:
+        owner = next((a for a in (training_args, finetuning_args) if getattr(a, attribute, False)), None)
+        if owner is not None:
+            raise ValueError(f"{attribute}: true ({what}) is not supported with {SP_KEY} > 1; remove it")
+
+
+def patch_parser(parser: ModuleType) -> None:
+    """Outermost wrapper of ``get_train_args``: strip and check the SP key (see module doc)."""
+    get_train_args = parser.get_train_args
+
+    @functools.wraps(get_train_args)
+    def get_train_args_with_sequence_parallel(args=None):
+        args, sp = pop_sequence_parallel_size(parser.read_args(args))
+        parsed = get_train_args(args)
+        model_args, data_args, training_args, finetuning_args, _ = parsed
+        finetuning_args.sequence_parallel_size = sp
+        if sp > 1:
+            from ..configuration_zebra import ZebraConfig
+            from .seams import is_zebra_checkpoint
+
+            config = None
+            if is_zebra_checkpoint(model_args.model_name_or_path):
+                config = ZebraConfig.from_pretrained(model_args.model_name_or_path)
+            check_sequence_parallel_setup(sp, model_args, data_args, training_args, finetuning_args, config)
+            from llamafactory.train.sft import workflow
+
+            patch_sft_workflow(workflow)
+            parser.logger.info_rank0(
+                f"llamafactory-zebra: sequence parallelism {sp} x data parallelism {training_args.world_size // sp}"
+            )
+        return parsed
+
+    parser.get_train_args = get_train_args_with_sequence_parallel
+
+
+def patch_sft_workflow(workflow: ModuleType) -> None:
+    """Make ``run_sft`` build the SP trainer when ``finetuning_args.sequence_parallel_size > 1`` (idempotent)."""
+    base = workflow.CustomSeq2SeqTrainer
+    if getattr(base, "sequence_parallel_base", None) is not None:
+        return
+    sp_trainer = sequence_parallel_trainer(base)
+
+    @functools.wraps(base, updated=())
+    def trainer_for_run(*args, **kwargs):
+        if getattr(kwargs.get("finetuning_args"), SP_KEY, 1) > 1:
+            return sp_trainer(*args, **kwargs)
+        return base(*args, **kwargs)
+
+    trainer_for_run.sequence_parallel_base = base
+    workflow.CustomSeq2SeqTrainer = trainer_for_run
+
+
+def prepare_data_parallel_loader(accelerator: Any, dataloader: Any, dp_size: int, dp_rank: int) -> Any:
+    """``Accelerator.prepare_data_loader`` with ``dp`` processes instead of all ranks: every rank of an SP
+    group gets the same batches (accelerate's sampler, seeding, epoch and resume handling unchanged)."""
+    from accelerate.data_loader import prepare_data_loader
+
+    prepared = prepare_data_loader(
+        dataloader,
+        accelerator.device,
+        num_processes=dp_size,
+        process_index=dp_rank,
+        split_batches=accelerator.split_batches,
+        put_on_device=accelerator.device_placement,
+        rng_types=accelerator.rng_types.copy(),
+        dispatch_batches=accelerator.dispatch_batches,
+        even_batches=accelerator.even_batches,
+        use_seedable_sampler=accelerator.use_seedable_sampler,
+        data_seed=accelerator.dataloader_config.data_seed,
+        non_blocking=accelerator.non_blocking,
+        use_stateful_dataloader=accelerator.use_stateful_dataloader,
+    )
+    accelerator._dataloaders.append(prepared)
+    return prepared
+
+
+def deepspeed_config_for_sequence_parallel(config: dict[str, Any], dp_size: int) -> dict[str, Any]:
+    """DeepSpeed's rule under SP: ``train_batch_size = micro x accumulation x dp`` (not x world)."""
+    config = dict(config)
+    micro, accumulation = config.get("train_micro_batch_size_per_gpu"), config.get("gradient_accumulation_steps")
+    if isinstance(micro, int) and isinstance(accumulation, int):
+        config["train_batch_size"] = micro * accumulation * dp_size
+    return config
+
+
+@contextlib.contextmanager
+def deepspeed_initialize_with_mpu(mpu: ModuleType, dp_size: int) -> Iterator[None]:
+    import deepspeed
+
+    initialize = deepspeed.initialize
+
+    @functools.wraps(initialize)
+    def initialize_with_mpu(*args, **kwargs):
+        for key in ("config_params", "config"):
+            if isinstance(kwargs.get(key), dict):
+                kwargs[key] = deepspeed_config_for_sequence_parallel(kwargs[key], dp_size)
+        kwargs["mpu"] = mpu
+        return initialize(*args, **kwargs)
+
+    deepspeed.initialize = initialize_with_mpu
+    try:
+        yield
+    finally:
+        deepspeed.initialize = initialize
+
+
+def sequence_parallel_trainer(base: type) -> type:
+    """Subclass LLaMA-Factory's SFT trainer (``base``) for SP; see the module doc for what changes."""
+
+    class SequenceParallelTrainer(base):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            from ..parallel import enable_sequence_parallel, layout_from_deepspeed, new_layout
+
+            sp = getattr(self.finetuning_args, SP_KEY)
+            if self.is_deepspeed_enabled:
+                self.sp_layout, self.sp_mpu = layout_from_deepspeed(sp)
+            else:
+                self.sp_layout, self.sp_mpu = new_layout(sp), None
+            enable_sequence_parallel(self.model, self.sp_layout)
+            # Zebra's forward takes num_items_in_batch and shift_labels: the token weighting must reach it.
+            self.model_accepts_loss_kwargs = True
+            self.sp_pad_token_id = getattr(self.processing_class, "pad_token_id", None) or 0
+
+        def get_train_dataloader(self):
+            accelerator, layout = self.accelerator, self.sp_layout
+            prepare = accelerator.prepare
+            accelerator.prepare = functools.partial(
+                prepare_data_parallel_loader, accelerator, dp_size=layout.dp_size, dp_rank=layout.dp_rank
+            )
+            try:
+                return super().get_train_dataloader()
+            finally:
+                accelerator.prepare = prepare
+
+        def _get_num_items_in_batch(self, batch_samples, device):
+            """Target tokens of the whole rows; every SP rank counted them, so the gathered sum is ``sp`` times
+            the data-parallel total."""
+            count = super()._get_num_items_in_batch(batch_samples, device)
+            return count / self.sp_layout.size if count is not None else None
+
+        def _prepare_inputs(self, inputs):
+            from ..parallel import shard_batch
+
+            inputs = super()._prepare_inputs(inputs)
+            shard = shard_batch(inputs, self.sp_layout, pad_token_id=self.sp_pad_token_id)
+            shard.pop("num_items_in_batch", None)
+            return shard
+
+        def train(self, *args, **kwargs):
+            if self.sp_mpu is None:
+                return super().train(*args, **kwargs)
+            with deepspeed_initialize_with_mpu(self.sp_mpu, self.sp_layout.dp_size):
+                return super().train(*args, **kwargs)
+
+    SequenceParallelTrainer.__name__ = SequenceParallelTrainer.__qualname__ = f"SequenceParallel{base.__name__}"
+    return SequenceParallelTrainer

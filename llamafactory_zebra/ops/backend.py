@@ -1,0 +1,58 @@
+"""Choosing between fla's Triton kernels and this package's PyTorch code.
+
+fla (pip ``fla-core``) is the fast path on CUDA/ROCm GPUs; it needs Triton and a GPU, so it is an
+optional dependency imported lazily, never at package import. ``ZEBRA_GDN_BACKEND`` forces a choice:
+``torch`` (always the PyTorch code), ``fla`` (fail loudly if fla cannot run), ``auto`` (default:
+fla when it imports and the tensors live on a GPU, PyTorch otherwise).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from types import ModuleType
+
+import torch
+
+BACKEND_ENV_VAR = "ZEBRA_GDN_BACKEND"
+_CHOICES = ("auto", "torch", "fla")
+
+
+@functools.cache
+def _import_fla(module: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(module)
+    except Exception:  # Triton/driver problems surface as many exception types; all mean "not usable".
+        return None
+
+
+def fla_module(module: str) -> ModuleType | None:
+    """Import an fla submodule (e.g. ``fla.ops.gated_delta_rule``) once; ``None`` if unavailable."""
+    return _import_fla(module)
+
+
+def requested_backend() -> str:
+    choice = os.environ.get(BACKEND_ENV_VAR, "auto").strip().lower() or "auto"
+    if choice not in _CHOICES:
+        raise ValueError(f"{BACKEND_ENV_VAR}={choice!r} is not valid; use one of {', '.join(_CHOICES)}.")
+    return choice
+
+
+def fla_ops(tensor: torch.Tensor, *modules: str) -> ModuleType | None:
+    """The fla module an op on ``tensor`` should call, or ``None`` for the PyTorch code.
+
+    ``modules`` are candidate import paths, first match wins (fla moves modules between releases).
+    fla is only imported for GPU tensors, so CPU runs never touch Triton.
+    """
+    choice = requested_backend()
+    if choice == "torch":
+        return None
+    found = next((m for m in map(fla_module, modules) if m is not None), None) if tensor.is_cuda else None
+    if choice == "fla" and found is None:
+        where = "this GPU tensor" if tensor.is_cuda else f"a {tensor.device.type} tensor (fla needs CUDA or ROCm)"
+        raise RuntimeError(
+            f"{BACKEND_ENV_VAR}=fla but fla ({' or '.join(modules)}) cannot run on {where}; "
+            "install `fla-core` on a GPU machine or set it to auto/torch."
+        )
+    return found

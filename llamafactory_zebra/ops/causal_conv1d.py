@@ -1,0 +1,165 @@
+"""Short causal depthwise convolution (GDN's q/k/v conv) with packed-sample borders and a decode state.
+
+``torch.nn.functional.conv1d`` neither resets at packed-sample borders nor carries a decode state, and
+fla's ``causal_conv1d`` needs a GPU; this is the PyTorch path with fla's contract, and the dispatch to
+fla's kernel on GPUs.
+
+State layout (fla's ``fla.modules.causal_conv1d`` / formerly ``fla.modules.convolution``): a
+``[N, D, W]`` tensor holding the last ``W`` inputs of each sequence, oldest first, newest at
+``[..., -1]``. Only the newest ``W - 1`` columns are ever read (the next output's window is those plus
+the new token); column 0 is kept so that the same cache works with fla's kernels. A sequence shorter
+than ``W`` fills the missing columns from its initial state (zeros without one).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .backend import fla_ops
+from .segments import check_cu_seqlens_layout, segment_bounds
+
+_FLA_CONV = ("fla.modules.causal_conv1d", "fla.modules.convolution")
+_ACTIVATIONS = (None, "silu", "swish")
+
+
+def _check_conv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None, token_shape: str
+) -> None:
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise ValueError(f"x must be a floating-point tensor of shape {token_shape}.")
+    if not isinstance(weight, torch.Tensor) or weight.ndim != 2 or weight.shape[0] != x.shape[-1]:
+        got = tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(f"weight must have shape [D, W] with D = {x.shape[-1]} (x's last dim), got {got}.")
+    if bias is not None and tuple(bias.shape) != (x.shape[-1],):
+        raise ValueError(f"bias must have shape [D] = ({x.shape[-1]},), got {tuple(bias.shape)}.")
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}.")
+
+
+def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
+    return y if activation is None else F.silu(y)
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = "silu",
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``y_t = act(bias + sum_w weight[:, w] * x_{t - W + 1 + w})`` per channel, within each sequence.
+
+    Args:
+        x: ``[B, T, D]``; with ``cu_seqlens`` B must be 1 and T is the packed length.
+        weight: ``[D, W]`` (``nn.Conv1d(D, D, W, groups=D).weight.squeeze(1)``). bias: ``[D]`` or None.
+        activation: ``"silu"`` (alias ``"swish"``) or ``None``.
+        initial_state: ``[N, D, W]`` (see module doc), N = B or ``len(cu_seqlens) - 1``; the inputs
+            "before" each sequence. Zeros when ``None``.
+        output_final_state: also return the ``[N, D, W]`` state after each sequence, in x's dtype.
+        cu_seqlens: ``[N + 1]`` borders of packed samples; windows never reach across a border.
+
+    Returns ``(y [B, T, D] in x's dtype, final_state or None)``.
+    """
+    _check_conv(x, weight, bias, activation, "[B, T, D]")
+    if x.ndim != 3:
+        raise ValueError(f"x must have shape [B, T, D], got {tuple(x.shape)}.")
+    check_cu_seqlens_layout(cu_seqlens, x.shape[0])
+    num_seqs = x.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    width = weight.shape[1]
+    if initial_state is not None and tuple(initial_state.shape) != (num_seqs, x.shape[2], width):
+        raise ValueError(
+            f"initial_state must have shape [N, D, W] = {(num_seqs, x.shape[2], width)}, got {tuple(initial_state.shape)}."
+        )
+
+    fla = fla_ops(x, *_FLA_CONV)
+    if fla is not None:
+        return fla.causal_conv1d(
+            x=x,
+            weight=weight,
+            bias=bias,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            activation=activation,
+            cu_seqlens=None if cu_seqlens is None else cu_seqlens.to(torch.int64),
+        )
+    return _causal_conv1d_torch(x, weight, bias, activation, initial_state, output_final_state, cu_seqlens)
+
+
+def _causal_conv1d_torch(x, weight, bias, activation, initial_state, output_final_state, cu_seqlens):
+    """Lay every sequence out behind its own W history rows, then one shifted multiply-add per tap.
+
+    The "extended stream" holds, per sequence, its initial state (W rows) followed by its tokens, so
+    a window that runs off the start of a sequence reads that sequence's history, never a neighbour.
+    """
+    batch, seq_len, channels = x.shape
+    width = weight.shape[1]
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    starts, lengths = segment_bounds(batch, seq_len, cu_seqlens)
+    num_seqs, num_tokens = len(starts), batch * seq_len
+
+    tokens = x.reshape(num_tokens, channels).to(dtype)
+    if initial_state is None:
+        history = tokens.new_zeros(num_seqs * width, channels)
+    else:
+        history = initial_state.to(dtype).transpose(1, 2).reshape(num_seqs * width, channels)
+    seq_of_token = torch.repeat_interleave(torch.arange(num_seqs), lengths)
+    token_pos = torch.arange(num_tokens) + width * (seq_of_token + 1)
+    block_start = starts + width * torch.arange(num_seqs)
+    history_pos = (block_start[:, None] + torch.arange(width)).flatten()
+    source = torch.empty(num_tokens + num_seqs * width, dtype=torch.int64)
+    source[token_pos] = torch.arange(num_tokens)
+    source[history_pos] = num_tokens + torch.arange(num_seqs * width)
+    stream = torch.cat([tokens, history])[source.to(x.device)]
+
+    taps = weight.to(dtype).t()
+    span = stream.shape[0] - width + 1
+    out = sum(stream[w : w + span] * taps[w] for w in range(width))
+    y = out[(token_pos - (width - 1)).to(x.device)]
+    if bias is not None:
+        y = y + bias.to(dtype)
+    y = _activate(y, activation).view(batch, seq_len, channels).to(x.dtype)
+    if not output_final_state:
+        return y, None
+    last = ((block_start + lengths)[:, None] + torch.arange(width)).flatten().to(x.device)
+    final = stream[last].view(num_seqs, width, channels).transpose(1, 2).to(x.dtype)
+    return y, final
+
+
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = "silu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decoding step: shift ``x`` (``[N, D]`` or ``[N, 1, D]``) into ``conv_state`` ``[N, D, W]``.
+
+    ``conv_state`` is updated in place (as fla's kernel does) and returned with the output, which has
+    x's shape and dtype. For several new tokens use :func:`causal_conv1d` with ``initial_state``.
+    """
+    _check_conv(x, weight, bias, activation, "[N, D] or [N, 1, D]")
+    if not (x.ndim == 2 or (x.ndim == 3 and x.shape[1] == 1)):
+        raise ValueError(
+            f"x must have shape [N, D] or [N, 1, D] (one token per sequence), got {tuple(x.shape)}; "
+            "use causal_conv1d(..., initial_state=conv_state) for several tokens."
+        )
+    expected = (x.shape[0], x.shape[-1], weight.shape[1])
+    if not isinstance(conv_state, torch.Tensor) or tuple(conv_state.shape) != expected:
+        got = tuple(conv_state.shape) if isinstance(conv_state, torch.Tensor) else type(conv_state).__name__
+        raise ValueError(f"conv_state must have shape [N, D, W] = {expected}, got {got}.")
+
+    fla = fla_ops(x, *_FLA_CONV)
+    if fla is not None:
+        return fla.causal_conv1d_update(x=x, cache=conv_state, weight=weight, bias=bias, activation=activation)
+
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    token = x.reshape(x.shape[0], x.shape[-1]).to(dtype)
+    window = torch.cat([conv_state[..., 1:].to(dtype), token[..., None]], dim=-1)
+    y = (window * weight.to(dtype)).sum(-1)
+    if bias is not None:
+        y = y + bias.to(dtype)
+    conv_state.copy_(window)
+    return _activate(y, activation).view(x.shape).to(x.dtype), conv_state

@@ -1,0 +1,14 @@
+"""Gated delta rule: dispatching entry points, the PyTorch chunked/recurrent paths, and the reference."""
+
+from .chunk import chunk_gated_delta_rule_torch
+from .dispatch import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from .fused_recurrent import fused_recurrent_gated_delta_rule_torch
+from .naive import naive_recurrent_gated_delta_rule
+
+__all__ = [
+    "chunk_gated_delta_rule",
+    "chunk_gated_delta_rule_torch",
+    "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule_torch",
+    "naive_recurrent_gated_delta_rule",
+]

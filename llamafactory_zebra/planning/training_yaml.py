@@ -1,0 +1,168 @@
+"""Turn a LLaMA-Factory training YAML into a ``TrainingSetup``, the way LLaMA-Factory itself reads it.
+
+The file is loaded with OmegaConf as ``llamafactory.hparams.parser.read_args`` does and parsed into
+LLaMA-Factory's own ``ModelArguments``, ``DataArguments`` and ``FinetuningArguments``, so defaults and
+validation are LLaMA-Factory's. ``TrainingArguments`` is the exception: its ``__post_init__`` checks the
+*current* machine (bf16 needs a GPU, DeepSpeed initialises accelerate), and the plan is usually made on
+another one; its few fields that matter are read from the YAML with the dataclass's defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..configuration_zebra import PRESET_HUB_IDS, PRESETS, ZebraConfig
+from .plan import TrainingSetup
+
+# A future key (sequence parallelism is not in LLaMA-Factory v0): tokens per GPU = cutoff_len / SP.
+SEQUENCE_PARALLEL_KEY = "sequence_parallel_size"
+ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "fa2": "flash_attention_2", "fa3": "flash_attention_2"}
+
+
+def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    file = Path(path)
+    if not file.is_file():
+        raise ValueError(f"{path}: no such training YAML")
+    values = OmegaConf.to_container(OmegaConf.load(file.absolute()))
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of LLaMA-Factory arguments, got {type(values).__name__}")
+    return values
+
+
+def resolve_model_config(name_or_path: str) -> tuple[ZebraConfig, str]:
+    """A Zebra config from a local checkpoint (native or released layout), a preset name or a known hub id."""
+    if os.path.isdir(name_or_path):
+        config_file = os.path.join(name_or_path, "config.json")
+        if not os.path.isfile(os.path.join(name_or_path, "hybrid_config.json")):
+            if not os.path.isfile(config_file):
+                raise ValueError(f"model_name_or_path {name_or_path}: no config.json or hybrid_config.json there")
+            with open(config_file, encoding="utf-8") as f:
+                model_type = json.load(f).get("model_type")
+            if model_type != ZebraConfig.model_type:
+                raise ValueError(
+                    f"{config_file}: model_type {model_type!r} is not a Zebra model "
+                    f"(expected {ZebraConfig.model_type!r}, or AMD's layout with a hybrid_config.json)"
+                )
+        return ZebraConfig.from_pretrained(name_or_path), name_or_path
+    if name_or_path in PRESETS:
+        return ZebraConfig.from_preset(name_or_path), f"preset {name_or_path}"
+    by_hub_id = {hub_id: preset for preset, hub_id in PRESET_HUB_IDS.items()}
+    if name_or_path in by_hub_id:
+        preset = by_hub_id[name_or_path]
+        return ZebraConfig.from_preset(preset), f"{name_or_path} (preset {preset})"
+    raise ValueError(
+        f"model_name_or_path {name_or_path!r} is neither a local directory nor a known Zebra model; use a "
+        f"checkpoint directory, a preset ({', '.join(sorted(PRESETS))}) or one of {', '.join(sorted(by_hub_id))}"
+    )
+
+
+def _training_field(values: dict[str, Any], name: str) -> Any:
+    """A ``TrainingArguments`` value from the YAML, else the dataclass default (no ``__post_init__``)."""
+    if name in values:
+        return values[name]
+    from llamafactory.hparams import TrainingArguments
+
+    default = {f.name: f for f in dataclasses.fields(TrainingArguments)}[name]
+    return default.default_factory() if default.default_factory is not dataclasses.MISSING else default.default
+
+
+def _deepspeed_setup(value: Any, yaml_dir: Path, hidden_size: int) -> dict[str, Any]:
+    if value is None:
+        return {"zero_stage": None, "deepspeed_label": "none"}
+    if isinstance(value, dict):
+        ds, label = value, "inline dict"
+    else:
+        candidates = [Path(value), yaml_dir / value]
+        found = next((p for p in candidates if p.is_file()), None)
+        if found is None:
+            raise ValueError(f"deepspeed: {value} not found (looked in {', '.join(map(str, candidates))})")
+        with open(found, encoding="utf-8") as f:
+            ds, label = json.load(f), str(value)
+    zero = ds.get("zero_optimization", {})
+    stage = int(zero.get("stage", 0))
+
+    def elements(key: str, auto: int) -> int:
+        v = zero.get(key)
+        return auto if v == "auto" else int(v or 0)
+
+    def offloaded(key: str) -> bool:
+        return (zero.get(key) or {}).get("device", "none") not in ("none", None)
+
+    h2 = hidden_size * hidden_size
+    return {
+        "zero_stage": stage,
+        "offload_optimizer": offloaded("offload_optimizer"),
+        "offload_params": offloaded("offload_param"),
+        "reduce_bucket_elements": elements("reduce_bucket_size", h2) if stage >= 2 else 0,
+        "gather_bucket_elements": (
+            elements("stage3_prefetch_bucket_size", int(0.9 * h2)) if stage == 3 else elements("allgather_bucket_size", 0)
+        )
+        if stage >= 2
+        else 0,
+        "deepspeed_label": label,
+    }
+
+
+def setup_from_yaml(
+    path: str | os.PathLike,
+    gpus: int,
+    gpu_memory: float,
+    gpu_label: str,
+    sequence_parallel: int | None = None,
+) -> TrainingSetup:
+    from transformers import HfArgumentParser
+
+    from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArguments
+
+    values = load_yaml(path)
+    future = {SEQUENCE_PARALLEL_KEY: values.pop(SEQUENCE_PARALLEL_KEY, 1)}
+    model_args, data_args, finetuning_args = HfArgumentParser(
+        [ModelArguments, DataArguments, FinetuningArguments]
+    ).parse_dict(values, allow_extra_keys=True)
+    if model_args.model_name_or_path is None:
+        raise ValueError(f"{path}: model_name_or_path is missing")
+    config, label = resolve_model_config(model_args.model_name_or_path)
+    flash_attn = str(model_args.flash_attn)
+    if flash_attn not in ATTENTION:
+        raise ValueError(
+            f"{path}: flash_attn {flash_attn!r} (eager attention) keeps a T×T score matrix per head; the planner "
+            f"models {', '.join(ATTENTION)} only"
+        )
+    if finetuning_args.pure_bf16:
+        precision = "pure_bf16"
+    elif _training_field(values, "bf16"):
+        precision = "bf16"
+    elif _training_field(values, "fp16"):
+        precision = "fp16"
+    else:
+        precision = "fp32"
+    return TrainingSetup(
+        config=config,
+        model_label=label,
+        cutoff_len=int(data_args.cutoff_len),
+        micro_batch=int(_training_field(values, "per_device_train_batch_size")),
+        gpus=gpus,
+        gpu_memory=gpu_memory,
+        gpu_label=gpu_label,
+        sequence_parallel=int(sequence_parallel or future[SEQUENCE_PARALLEL_KEY]),
+        precision=precision,
+        finetuning_type=finetuning_args.finetuning_type,
+        lora_rank=finetuning_args.lora_rank,
+        lora_target=tuple(finetuning_args.lora_target),
+        additional_target=tuple(finetuning_args.additional_target or ()),
+        freeze_trainable_layers=finetuning_args.freeze_trainable_layers,
+        freeze_trainable_modules=tuple(finetuning_args.freeze_trainable_modules),
+        freeze_extra_modules=tuple(finetuning_args.freeze_extra_modules or ()),
+        gradient_checkpointing=not model_args.disable_gradient_checkpointing,
+        checkpoints_on_cpu=bool(model_args.use_unsloth_gc),
+        fused_cross_entropy=bool(model_args.enable_liger_kernel),
+        attention=ATTENTION[flash_attn],
+        packing=bool(data_args.packing) or bool(data_args.neat_packing),
+        **_deepspeed_setup(_training_field(values, "deepspeed"), Path(path).parent, config.hidden_size),
+    )

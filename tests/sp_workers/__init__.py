@@ -1,0 +1,1 @@
+"""Worker functions for the multi-process sequence-parallel tests (spawned, so importable by name)."""

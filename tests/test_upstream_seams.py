@@ -1,0 +1,99 @@
+"""Fails loudly when a LLaMA-Factory upgrade moves any name the plugin wraps or relies on."""
+
+import dataclasses
+import importlib
+from types import SimpleNamespace
+
+import pytest
+from llamafactory_zebra_hook import WATCHED_MODULES
+
+from llamafactory_zebra.integration import activation, seams
+
+
+@pytest.mark.parametrize(("module_name", "attribute", "parameters"), seams.UPSTREAM_SEAMS)
+def test_declared_seams_exist_with_the_expected_signature(module_name, attribute, parameters):
+    module = importlib.import_module(module_name)
+    seams.require_seam(module, attribute, parameters)
+
+
+def test_changed_signature_is_reported_with_the_disable_hint():
+    fake = SimpleNamespace(__name__="llamafactory.fake", load_config=lambda model_args, extra: None)
+    with pytest.raises(seams.UpstreamSeamChanged, match="LLAMAFACTORY_ZEBRA_DISABLE"):
+        seams.require_seam(fake, "load_config", ("config",))
+
+
+def test_every_watched_module_has_a_handler_and_exists():
+    assert set(activation.HANDLERS) == WATCHED_MODULES
+    for name in WATCHED_MODULES:
+        assert importlib.util.find_spec(name) is not None, name
+
+
+def test_the_wrappers_are_installed_in_the_imported_modules():
+    loader = importlib.import_module("llamafactory.model.loader")
+    patcher = importlib.import_module("llamafactory.model.patcher")
+    parser = importlib.import_module("llamafactory.hparams.parser")
+    assert loader.load_config.__code__.co_name == "zebra_load_config"
+    assert loader.patch_model.__code__.co_name == "zebra_patch_model"
+    assert loader.apply_liger_kernel.__code__.co_name == "zebra_apply_liger_kernel"
+    assert patcher.configure_rope.__code__.co_name == "zebra_configure_rope"
+    assert parser.get_train_args.__code__.co_name == "zebra_get_train_args"
+    hparams = importlib.import_module("llamafactory.hparams")
+    assert hparams.get_train_args is parser.get_train_args
+
+
+def test_data_pipeline_facts_the_model_relies_on():
+    """Packing emits restarting position_ids and neat-packing segment ids; the collator builds the 4-D mask
+    only when ``block_diag_attn`` is set — the flag the parser seam clears for Zebra."""
+    collator = importlib.import_module("llamafactory.data.collator")
+    fields = {f.name for f in dataclasses.fields(collator.SFTDataCollatorWith4DAttentionMask)}
+    assert {"block_diag_attn", "neat_packing", "attn_implementation"} <= fields
+    model_args = importlib.import_module("llamafactory.hparams.model_args")
+    assert "block_diag_attn" in {f.name for f in dataclasses.fields(model_args.ModelArguments)}
+    source = importlib.util.find_spec("llamafactory.data.processor.supervised").loader.get_source(
+        "llamafactory.data.processor.supervised"
+    )
+    assert "packed_position_ids += list(range(len(batch_input_ids[index])))" in source
+    assert "packed_attention_masks += [i + 1] * len(batch_input_ids[index])" in source
+
+
+def test_rope_seam_keeps_theta_and_yarn_mscale():
+    from llamafactory.extras.constants import RopeScaling
+    from llamafactory.model.patcher import configure_rope
+
+    from llamafactory_zebra import ZebraConfig
+
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 1_000_000.0,
+        "factor": 2.0,
+        "original_max_position_embeddings": 32768,
+        "mscale": 0.707,
+        "mscale_all_dim": 0.707,
+    }
+    config = ZebraConfig.from_preset("tiny", rope_parameters=dict(rope))
+    configure_rope(config, SimpleNamespace(rope_scaling=RopeScaling.YARN, model_max_length=1_048_576))
+    assert config.rope_parameters == {**rope, "factor": 32.0}
+    assert config.max_position_embeddings == 1_048_576
+
+
+def test_rope_seam_leaves_other_models_to_llamafactory():
+    from llamafactory.extras.constants import RopeScaling
+    from llamafactory.model.patcher import configure_rope
+
+    config = SimpleNamespace(model_type="llama", rope_scaling=None, max_position_embeddings=4096)
+    configure_rope(config, SimpleNamespace(rope_scaling=RopeScaling.LINEAR, model_max_length=8192))
+    assert config.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+    assert config.max_position_embeddings == 8192
+
+
+def test_rope_seam_switching_away_from_yarn_drops_yarn_keys():
+    from llamafactory.extras.constants import RopeScaling
+    from llamafactory.model.patcher import configure_rope
+
+    from llamafactory_zebra import ZebraConfig
+
+    rope = {"rope_type": "yarn", "rope_theta": 5e5, "factor": 2.0, "original_max_position_embeddings": 64, "mscale": 1.0}
+    config = ZebraConfig.from_preset("tiny", rope_parameters=rope)
+    configure_rope(config, SimpleNamespace(rope_scaling=RopeScaling.LINEAR, model_max_length=300))
+    assert config.rope_parameters == {"rope_type": "linear", "rope_theta": 5e5, "factor": 5.0}
+    assert config.max_position_embeddings == 320
