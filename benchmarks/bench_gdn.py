@@ -7,9 +7,8 @@ token-by-token reference at a short length. The baseline is
 ``[B, T, H, D]`` layout and normalises q/k itself when ``use_qk_l2norm_in_kernel=True``, and its scale is
 fixed to ``K ** -0.5`` (our default), so every implementation gets identical tensors and flags.
 
-Besides wall time, the table reports process CPU time (less sensitive to other jobs on a shared box)
-and minor page faults (first touches of freshly mapped memory, which dominate the baseline's backward
-at long lengths on glibc's default allocator).
+Besides wall time (median of ``--repeats`` runs, implementations interleaved), the table reports the
+process CPU time, which is less sensitive to other jobs on a shared machine.
 
     python benchmarks/bench_gdn.py --lengths 2048 8192 --repeats 3
     python benchmarks/bench_gdn.py --device cuda --lengths 2048 8192 32768   # adds fla when installed
@@ -20,7 +19,6 @@ from __future__ import annotations
 import argparse
 import gc
 import platform
-import resource
 import statistics
 import sys
 import time
@@ -68,7 +66,7 @@ def make_inputs(length: int, dtype: torch.dtype, device: str, seed: int = 0) -> 
 
 
 class Meter:
-    """Wall seconds, process CPU seconds and minor page faults of one timed block."""
+    """Wall seconds and process CPU seconds of one timed block."""
 
     def __init__(self, device: str) -> None:
         self.device = device
@@ -76,7 +74,6 @@ class Meter:
     def __enter__(self) -> Meter:
         gc.collect()
         self._sync()
-        self._faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self._cpu, self._wall = time.process_time(), time.perf_counter()
         return self
 
@@ -84,7 +81,6 @@ class Meter:
         self._sync()
         self.wall = time.perf_counter() - self._wall
         self.cpu = time.process_time() - self._cpu
-        self.faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self._faults
 
     def _sync(self) -> None:
         if self.device == "cuda":
@@ -101,24 +97,33 @@ def time_one(impl: Impl, inputs: list[torch.Tensor], device: str) -> tuple[Meter
     return forward, both
 
 
-def accuracy(impls: dict[str, Impl], length: int, dtype: torch.dtype, device: str) -> dict[str, tuple[float, float]]:
-    """Max abs error of the output and of all input gradients against the fp64 reference."""
-    base = make_inputs(length, torch.float64, "cpu", seed=1)
-    ref = [t.clone().requires_grad_() for t in base]
-    o_ref, _ = naive_recurrent_gated_delta_rule(*ref, use_qk_l2norm_in_kernel=True)
-    weight = torch.randn(o_ref.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    (o_ref * weight).sum().backward()
-    errors = {}
-    for name, impl in impls.items():
-        leaves = [
-            t.to(device=device, dtype=torch.float32 if i == 3 else dtype, copy=True).requires_grad_()
-            for i, t in enumerate(base)
-        ]
-        o = impl(*leaves)
-        (o.double() * weight.to(device)).sum().backward()
-        out_err = (o.double().cpu() - o_ref).abs().max().item()
-        grad_err = max((t.grad.double().cpu() - r.grad).abs().max().item() for t, r in zip(leaves, ref, strict=True))
-        errors[name] = (out_err, grad_err)
+def accuracy(
+    impls: dict[str, Impl], length: int, dtype: torch.dtype, device: str, seeds: int
+) -> dict[str, tuple[float, float]]:
+    """Max abs error of the output and of all input gradients against the fp64 reference.
+
+    Taken as the worst case over ``seeds`` random inputs: single draws of fp32 rounding error differ
+    by tens of percent between implementations of equal accuracy.
+    """
+    errors = {name: (0.0, 0.0) for name in impls}
+    for seed in range(1, seeds + 1):
+        base = make_inputs(length, torch.float64, "cpu", seed=seed)
+        ref = [t.clone().requires_grad_() for t in base]
+        o_ref, _ = naive_recurrent_gated_delta_rule(*ref, use_qk_l2norm_in_kernel=True)
+        weight = torch.randn(o_ref.shape, generator=torch.Generator().manual_seed(1000 + seed), dtype=torch.float64)
+        (o_ref * weight).sum().backward()
+        for name, impl in impls.items():
+            leaves = [
+                t.to(device=device, dtype=torch.float32 if i == 3 else dtype, copy=True).requires_grad_()
+                for i, t in enumerate(base)
+            ]
+            o = impl(*leaves)
+            (o.double() * weight.to(device)).sum().backward()
+            out_err = (o.double().cpu() - o_ref).abs().max().item()
+            grad_err = max(
+                (t.grad.double().cpu() - r.grad).abs().max().item() for t, r in zip(leaves, ref, strict=True)
+            )
+            errors[name] = (max(errors[name][0], out_err), max(errors[name][1], grad_err))
     return errors
 
 
@@ -132,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     parser.add_argument("--accuracy-length", type=int, default=256)
+    parser.add_argument("--accuracy-seeds", type=int, default=3, help="report the worst error over this many inputs")
+    parser.add_argument(
+        "--impls", nargs="+", default=None, help=f"subset to run (default: all available; ratios need {BASELINE})"
+    )
     args = parser.parse_args(argv)
 
     if args.threads:
@@ -142,13 +151,18 @@ def main(argv: list[str] | None = None) -> int:
         "bfloat16": torch.bfloat16,
     }[args.dtype]
     impls = implementations(args.device)
+    if args.impls:
+        unknown = set(args.impls) - set(impls)
+        if unknown:
+            parser.error(f"unknown or unavailable --impls {sorted(unknown)}; available: {sorted(impls)}")
+        impls = {name: impl for name, impl in impls.items() if name in args.impls}
     where = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
     print(
         f"# torch {torch.__version__}, {args.device} ({where}), {torch.get_num_threads()} threads, {dtype}, H={HEADS} K={KEY_DIM} V={VALUE_DIM} B=1"
     )
     print(f"# command: python benchmarks/bench_gdn.py {' '.join(argv if argv is not None else sys.argv[1:])}")
 
-    errors = accuracy(impls, args.accuracy_length, dtype, args.device)
+    errors = accuracy(impls, args.accuracy_length, dtype, args.device, args.accuracy_seeds)
     for impl in impls.values():  # warm-up: first-call costs (allocator, kernels, autotuning)
         time_one(impl, make_inputs(256, dtype, args.device), args.device)
 
@@ -165,30 +179,27 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
         medians = {
-            name: [
-                statistics.median(getattr(m[i], field) for m in ms)
-                for i in (0, 1)
-                for field in ("wall", "cpu", "faults")
-            ]
+            name: [statistics.median(getattr(m[i], field) for m in ms) for i in (0, 1) for field in ("wall", "cpu")]
             for name, ms in runs.items()
         }
         for name in impls:
-            rows.append((length, name, medians[name], medians[BASELINE]))
+            rows.append((length, name, medians[name], medians.get(BASELINE)))
 
-    print(f"\nAccuracy at T={args.accuracy_length} vs fp64 token-by-token reference (max abs error):\n")
+    print(
+        f"\nAccuracy at T={args.accuracy_length} vs the fp64 token-by-token reference "
+        f"(max abs error, worst of {args.accuracy_seeds} inputs):\n"
+    )
     print("| implementation | output | gradients (q, k, v, g, beta) |")
     print("|---|---|---|")
     for name, (out_err, grad_err) in errors.items():
         print(f"| {name} | {out_err:.2e} | {grad_err:.2e} |")
     print(f"\nTimes: median of {args.repeats} runs; speedup = {BASELINE} time / this time (wall).\n")
-    print(
-        "| T | implementation | fwd wall s | fwd CPU s | fwd+bwd wall s | fwd+bwd CPU s | fwd+bwd page faults | fwd speedup | fwd+bwd speedup |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for length, name, (fw, fc, _ff, bw, bc, bf), base in rows:
-        print(
-            f"| {length} | {name} | {fw:.3f} | {fc:.2f} | {bw:.3f} | {bc:.2f} | {bf / 1e6:.2f}M | {base[0] / fw:.2f}x | {base[3] / bw:.2f}x |"
-        )
+    header = "| T | implementation | fwd wall s | fwd CPU s | fwd+bwd wall s | fwd+bwd CPU s | fwd speedup | fwd+bwd speedup |"
+    print(header)
+    print("|---" * (header.count("|") - 1) + "|")
+    for length, name, (fw, fc, bw, bc), base in rows:
+        ratios = f"{base[0] / fw:.2f}x | {base[2] / bw:.2f}x" if base else "n/a | n/a"
+        print(f"| {length} | {name} | {fw:.3f} | {fc:.2f} | {bw:.3f} | {bc:.2f} | {ratios} |")
     return 0
 
 

@@ -47,7 +47,9 @@ def main() -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)
 
-    header = f"{'setup':<32} {'tokens':>6} {'saved MB':>9} {'pred':>8} {'ratio':>6} {'peak MB':>8} {'pred':>8} {'ratio':>6}"
+    header = (
+        f"{'setup':<32} {'tokens':>6} {'saved MB':>9} {'pred':>8} {'ratio':>6} {'peak MB':>8} {'pred':>8} {'ratio':>6}"
+    )
     print(header)
     print("-" * len(header))
     for label, checkpointing, fused in SETUPS:

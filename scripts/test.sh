@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Set up and run the test suite: venv + install with the test extra, browser for the web UI test, pytest.
+# Set up and run the test suite: Debian's chromium for the web UI test, venv + install with the test
+# extra, pytest.
 # Usage (from the repository root):  bash scripts/test.sh [pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ -f scripts/install_browser.sh ]; then
-  bash scripts/install_browser.sh
+if [ -z "${ZEBRA_SKIP_BROWSER_TESTS:-}" ] && ! { command -v chromium && command -v chromedriver; } >/dev/null; then
+  bash scripts/install_browser.sh || echo "warning: could not install chromium/chromedriver; the web UI test will fail (set ZEBRA_SKIP_BROWSER_TESTS=1 to skip it)" >&2
 fi
 
 VENV=${VENV:-.venv}

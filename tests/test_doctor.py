@@ -19,8 +19,19 @@ def test_doctor_json_on_this_machine(capsys):
     code = args.func(args)
     report = json.loads(capsys.readouterr().out)
     checks = {c["name"]: c for c in report["checks"]}
-    assert set(checks) >= {"torch build", "GPUs", "bf16", "flash-attn", "fla (GDN kernels)", "Liger fused CE",
-                           "DeepSpeed", "RCCL/NCCL env", "torchrun", "version pins", "plugin active"}
+    assert set(checks) >= {
+        "torch build",
+        "GPUs",
+        "bf16",
+        "flash-attn",
+        "fla (GDN kernels)",
+        "Liger fused CE",
+        "DeepSpeed",
+        "RCCL/NCCL env",
+        "torchrun",
+        "version pins",
+        "plugin active",
+    }
     assert checks["GPUs"]["status"] == WARN and "no GPU" in checks["GPUs"]["detail"]
     assert all(c["status"] in (OK, WARN, FAIL) for c in report["checks"])
     # documented exit codes: 1 when any check fails, else 0 (a missing GPU only warns)

@@ -30,9 +30,8 @@ def _no_leaked_deepspeed_state():
 
 def _args(tmp_path, **training):
     """LLaMA-Factory's parsed arguments for a small SFT run (``use_cpu`` so bf16 parses without a GPU)."""
-    from transformers import HfArgumentParser
-
     from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArguments, TrainingArguments
+    from transformers import HfArgumentParser
 
     values = {
         "model_name_or_path": "unused",
@@ -92,7 +91,7 @@ def test_warmup_ratio_that_leaves_almost_no_warmup_warns(tmp_path):
 
 def test_warmup_from_max_steps_and_absolute_warmup(tmp_path):
     (warning,) = check_training_setup(*_args(tmp_path, warmup_ratio=0.05, max_steps=30), ZEBRA)
-    assert f"2 warmup step(s) of 30" in warning and str(MIN_WARMUP_STEPS) in warning
+    assert "2 warmup step(s) of 30" in warning and str(MIN_WARMUP_STEPS) in warning
     assert check_training_setup(*_args(tmp_path, warmup_steps=200, max_steps=30), ZEBRA) == []
 
 
@@ -122,8 +121,10 @@ def test_step_count_is_the_trainers(tmp_path, examples, batch, accumulation, epo
         num_examples=lambda dataloader: examples,
     )
     _, _, _, _, _, _, max_steps = Trainer.set_initial_training_values(trainer, training_args, loader)
-    assert training_steps(training_args, examples) == max_steps == math.ceil(
-        epochs * math.ceil(math.ceil(examples / batch) / accumulation)
+    assert (
+        training_steps(training_args, examples)
+        == max_steps
+        == math.ceil(epochs * math.ceil(math.ceil(examples / batch) / accumulation))
     )
 
 

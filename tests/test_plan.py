@@ -46,7 +46,9 @@ def test_module_inventory_is_the_models(preset):
     with torch.device("meta"):
         model = ZebraForCausalLM(config)
     assert {m.name: m.params for m in zebra_modules(config)} == _direct_params(model)
-    linears = {name: (m.in_features, m.out_features) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    linears = {
+        name: (m.in_features, m.out_features) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+    }
     assert {m.name: m.linear for m in zebra_modules(config) if m.linear} == linears
 
 
@@ -65,12 +67,14 @@ def test_lora_count_equals_peft():
     assert lora_trainable_params(config, 4, ["q_proj", "down_proj"]) == trainable
 
 
-@pytest.mark.parametrize("layers,modules,extra", [(2, ["all"], None), (-1, ["mlp"], ["embed_tokens"]), (1, ["gdn"], None)])
+@pytest.mark.parametrize(
+    "layers,modules,extra", [(2, ["all"], None), (-1, ["mlp"], ["embed_tokens"]), (1, ["gdn"], None)]
+)
 def test_freeze_count_equals_llamafactory(layers, modules, extra):
-    from transformers import HfArgumentParser
-
     from llamafactory.hparams import FinetuningArguments
     from llamafactory.model.adapter import _setup_freeze_tuning
+    from transformers import HfArgumentParser
+
     from llamafactory_zebra.modeling_zebra import ZebraForCausalLM
 
     config = ZebraConfig.from_preset("tiny")
@@ -130,7 +134,9 @@ def test_zero3_deepspeed_estimate_lies_between_our_two_phases():
 
 def _deepspeed_buffers(stage: int) -> tuple[int, dict[str, int]]:
     """Runs in a fresh process: a one-rank CPU DeepSpeed engine with our preset, after one step."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + stage), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29600 + stage), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"
+    )
     torch.set_num_threads(1)
     import importlib
 
@@ -145,7 +151,9 @@ def _deepspeed_buffers(stage: int) -> tuple[int, dict[str, int]]:
     preset = "ds_z3_bf16.json" if stage == 3 else "ds_z2_bf16.json"
     with open(os.path.join(ROOT, "deepspeed_configs", preset)) as f:
         config = json.load(f)
-    config.update(train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=1, train_batch_size=2, gradient_clipping=1.0)
+    config.update(
+        train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=1, train_batch_size=2, gradient_clipping=1.0
+    )
     zero = config["zero_optimization"]
     zero.update({k: 4096 for k, v in zero.items() if v == "auto"})
     zero["stage3_param_persistence_threshold"] = 0
@@ -160,7 +168,8 @@ def _deepspeed_buffers(stage: int) -> tuple[int, dict[str, int]]:
 
 
 def test_model_state_buffers_equal_what_deepspeed_allocates():
-    context = multiprocessing.get_context("spawn")
+    # A child process keeps torch.distributed out of the test process; fork reuses the imports already made.
+    context = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
         results = {stage: pool.submit(_deepspeed_buffers, stage).result(timeout=300) for stage in (3, 2)}
     for stage, (params, measured) in results.items():
@@ -299,7 +308,9 @@ def test_plan_command_on_the_1m_recipe(tmp_path, capsys):
     lengths = [row["sequence_length"] for row in report["activations"]["by_length"]]
     assert lengths == sorted(lengths) and lengths[-1] == 1048575
 
-    code, out, _ = _run_plan(capsys, _write_yaml(tmp_path, sequence_parallel_size=None, deepspeed=None), "--gpu-type", "h100")
+    code, out, _ = _run_plan(
+        capsys, _write_yaml(tmp_path, sequence_parallel_size=None, deepspeed=None), "--gpu-type", "h100"
+    )
     assert code == 1 and "DOES NOT FIT" in out and "cheapest change" in out
 
 
@@ -308,9 +319,20 @@ def test_plan_reads_local_checkpoints_in_both_layouts(tmp_path, capsys):
     ZebraConfig.from_preset("qwen3-1.7b-14mla14gdn").save_pretrained(native)
     released = tmp_path / "released"
     released.mkdir()
-    (released / "config.json").write_text(json.dumps({"model_type": "qwen3", "num_hidden_layers": 28, "vocab_size": 151936,
-                                                      "hidden_size": 2048, "intermediate_size": 6144}))
-    (released / "hybrid_config.json").write_text(json.dumps({"mla_layers": [1, 5, 9, 13, 17, 21, 25], "linear_type": "gdn"}))
+    (released / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3",
+                "num_hidden_layers": 28,
+                "vocab_size": 151936,
+                "hidden_size": 2048,
+                "intermediate_size": 6144,
+            }
+        )
+    )
+    (released / "hybrid_config.json").write_text(
+        json.dumps({"mla_layers": [1, 5, 9, 13, 17, 21, 25], "linear_type": "gdn"})
+    )
     for path, total in ((native, 2_182_902_440), (released, 2_284_173_820)):
         code, out, _ = _run_plan(capsys, _write_yaml(tmp_path, model_name_or_path=str(path)), "--json")
         assert json.loads(out)["model"]["parameters"] == total

@@ -161,7 +161,9 @@ def _run_launcher(tmp_path, script, env_overrides, args=("train.yaml", "mi300x")
     result = subprocess.run(
         ["bash", os.path.join(ROOT, "examples", "rocm", script), *args], capture_output=True, text=True, env=env
     )
-    seen = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line and not line.startswith("ARGS"))
+    seen = dict(
+        line.split("=", 1) for line in result.stdout.splitlines() if "=" in line and not line.startswith("ARGS")
+    )
     return result, seen
 
 

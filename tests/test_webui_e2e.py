@@ -40,8 +40,8 @@ PRESET = "ds_z3_bf16_offload_all"
 SCREENSHOT_ENV = "ZEBRA_WEBUI_SCREENSHOTS"
 TRAINING_TIMEOUT_S = 240
 CHAT_TIMEOUT_S = 120
-# 16 samples, batch 2: 8 optimizer steps, one loss point each. One preprocessing worker instead of the
-# UI's 16: CI has two cores.
+OPTIMIZER_STEPS = 8  # 16 fixture samples, batch 2, one epoch; logged every step
+# One preprocessing worker instead of the UI's 16: CI has two cores.
 EXTRA_ARGS = '{"optim": "adamw_torch", "preprocessing_num_workers": 1}'
 
 
@@ -76,7 +76,11 @@ def browser():
     try:
         driver = headless_chromium()
     except BrowserMissing as err:
-        pytest.fail(f"headless Chromium is required for the web UI test: {err}", pytrace=False)
+        missing = str(err)
+    else:
+        missing = None
+    if missing is not None:
+        pytest.fail(f"headless Chromium is required for the web UI test: {missing}", pytrace=False)
     yield driver
     driver.quit()
 
@@ -107,49 +111,27 @@ def _expected_sft_datasets() -> set[str]:
     return {FIXTURE_DATASET, *recipe}
 
 
-def _wait_for_training(page, board: LlamaBoard) -> tuple[str, int]:
-    """Polls until the run ends; returns the final output text and how many loss plots were drawn."""
-    plots: set[str] = set()
-
-    def finished() -> str | None:
-        for image in page.visible("//div[@data-testid='matplotlib']//img"):
-            plots.add(image.get_attribute("src"))
-        failed = page.visible_text_containing("Failed.")
-        if failed is not None:
-            pytest.fail(f"training failed in the web UI:\n{failed.text}\n--- server log ---\n{board.log_tail()}")
-        done = page.visible_text_containing("Finished.")
-        return done.text if done is not None else None
-
-    return page.wait_for(finished, "training to finish", timeout=TRAINING_TIMEOUT_S), len(plots)
+def _wait_or_show_log(page, board: LlamaBoard, probe, what: str, timeout: float | None = None):
+    """``page.wait_for``, failing with the server's log: the UI shows only the start of errors."""
+    try:
+        return page.wait_for(probe, what, timeout=timeout)
+    except TimeoutError as err:
+        pytest.fail(f"{err}\n--- llamafactory-cli webui log ---\n{board.log_tail()}", pytrace=False)
 
 
-def _bot_reply(page) -> str | None:
-    replies = page.visible("//div[@data-testid='bot']")
-    return replies[-1].text.strip() if replies else None
+def _preview(page, board: LlamaBoard, without: str | None = None) -> str:
+    """Presses "Preview command" and returns the command once it is shown (and lacks ``without``)."""
+    page.click("Preview command")
+
+    def shown() -> str | None:
+        code = page.visible_text_containing("llamafactory-cli train")
+        return code.text if code is not None and (without is None or without not in code.text) else None
+
+    return _wait_or_show_log(page, board, shown, "the command preview")
 
 
-def _settled_reply(page) -> str:
-    """The last bot message once streaming has stopped changing it for a second."""
-    previous, stable_since = None, time.monotonic()
-
-    def settled() -> str | None:
-        nonlocal previous, stable_since
-        reply = _bot_reply(page)
-        if reply != previous:
-            previous, stable_since = reply, time.monotonic()
-            return None
-        return reply if reply and time.monotonic() - stable_since > 1.0 else None
-
-    return page.wait_for(settled, "a reply from the trained model", timeout=CHAT_TIMEOUT_S)
-
-
-def test_train_and_chat_with_zebra_from_the_browser(board: LlamaBoard, browser, screenshots: Path, workdir: Path):
-    from webui.gradio_page import GradioPage  # imports Selenium, which the browser fixture has checked
-
-    page = GradioPage(browser, board.url)
-    tiny_model, data_dir = workdir / "zebra-tiny", workdir / "data-fixture"
-
-    # 1. Model: every Zebra group is listed, and choosing one selects the zebra template.
+def _choose_model(page, tiny_model: Path, screenshots: Path) -> None:
+    """Every Zebra group is listed; choosing one selects the zebra template; the path points at a local model."""
     listed = page.options("Model name", typed="7MLA21GDN")
     assert {name for group in MODEL_GROUPS for name in group} <= set(listed)
     page.choose("Model name", MODEL_NAME)
@@ -157,7 +139,9 @@ def test_train_and_chat_with_zebra_from_the_browser(board: LlamaBoard, browser, 
     page.set_text("Model path", str(tiny_model))
     page.screenshot(screenshots / "webui-1-model.png")
 
-    # 2. Data: the fixture dir's dataset and the recipe datasets are offered.
+
+def _choose_data_and_hyperparameters(page, data_dir: Path, screenshots: Path) -> None:
+    """The fixture dir's dataset and the recipe datasets are offered; CPU-sized settings are entered."""
     page.set_text("Data dir", str(data_dir))
     offered = page.wait_for(
         lambda: (names := page.options("Dataset")) and FIXTURE_DATASET in names and names,
@@ -179,27 +163,20 @@ def test_train_and_chat_with_zebra_from_the_browser(board: LlamaBoard, browser, 
     page.set_number("Logging steps", 1)
     page.set_text("Extra arguments", EXTRA_ARGS)
 
-    # 3. The project's DeepSpeed presets are offered and reach the command.
-    presets = sorted(path.stem for path in (REPO / "deepspeed_configs").glob("*.json"))
-    assert presets and set(presets) <= set(page.options("DeepSpeed stage"))
-    page.choose("DeepSpeed stage", PRESET)
-    page.click("Preview command")
-    preset_arg = f"--deepspeed {REPO / 'deepspeed_configs' / PRESET}.json"
-    preview = page.wait_for(lambda: page.visible_text_containing(preset_arg), f"{preset_arg!r} in the preview")
-    page.screenshot(screenshots / "webui-3-deepspeed-preset.png", preview)
 
-    # 4. The CPU run's command: no DeepSpeed, fp32, the tiny model, the zebra template, the fixture.
+def _check_deepspeed_presets(page, board: LlamaBoard, screenshots: Path) -> None:
+    """The project's presets are offered next to upstream's stages and reach the command as a json path."""
+    presets = sorted(path.stem for path in (REPO / "deepspeed_configs").glob("*.json"))
+    assert presets and set(presets) <= set(page.options("DeepSpeed stage", keep_open=True))
+    page.screenshot(screenshots / "webui-3-deepspeed-presets.png", page.block("DeepSpeed stage"))
+    page.close_dropdown("DeepSpeed stage")
+    page.choose("DeepSpeed stage", PRESET)
+    assert f"--deepspeed {REPO / 'deepspeed_configs' / PRESET}.json" in _preview(page, board)
     page.choose("DeepSpeed stage", "none")
-    page.click("Preview command")
-    preview = page.wait_for(
-        lambda: (
-            (code := page.visible_text_containing("llamafactory-cli train"))
-            and "--deepspeed" not in code.text
-            and code
-        ),
-        "the preview without DeepSpeed",
-    )
-    command = preview.text
+
+
+def _check_cpu_command(page, board: LlamaBoard, tiny_model: Path, data_dir: Path, screenshots: Path) -> None:
+    command = _preview(page, board, without="--deepspeed")
     for argument in (
         f"--model_name_or_path {tiny_model}",
         "--template zebra",
@@ -210,16 +187,31 @@ def test_train_and_chat_with_zebra_from_the_browser(board: LlamaBoard, browser, 
     ):
         assert argument in command
     assert "--bf16" not in command and "--fp16" not in command
-    page.screenshot(screenshots / "webui-4-preview.png", preview)
+    page.screenshot(screenshots / "webui-4-preview.png", page.visible_text_containing("llamafactory-cli train"))
 
-    # 5. Train; the loss plot is drawn while the run progresses.
+
+def _train(page, board: LlamaBoard, screenshots: Path) -> Path:
+    """Starts the run, watches the loss plot being drawn, and returns the run's output directory."""
     output_name = page.chosen("Output dir")[0]
     page.click("Start")
-    final_text, plots_drawn = _wait_for_training(page, board)
-    assert plots_drawn >= 1, "the loss plot never appeared"
+    plots: set[str] = set()
+
+    def finished() -> bool:
+        for image in page.visible("//div[@data-testid='matplotlib']//img"):
+            plots.add(image.get_attribute("src"))
+        failed = page.visible_text_containing("Failed.")
+        if failed is not None:
+            pytest.fail(f"training failed in the web UI:\n{failed.text}\n--- server log ---\n{board.log_tail()}")
+        return page.visible_text_containing("Finished.") is not None
+
+    _wait_or_show_log(page, board, finished, "training to finish", timeout=TRAINING_TIMEOUT_S)
+    assert plots, "the loss plot never appeared"
     page.screenshot(screenshots / "webui-5-trained.png", page.visible("//div[@data-testid='matplotlib']")[0])
-    output_dir = workdir / "saves" / MODEL_NAME / "lora" / output_name
-    assert (output_dir / "adapter_model.safetensors").stat().st_size > 0, final_text
+    return board.workdir / "saves" / MODEL_NAME / "lora" / output_name
+
+
+def _check_run_outputs(output_dir: Path) -> None:
+    assert (output_dir / "adapter_model.safetensors").stat().st_size > 0
     assert json.loads((output_dir / "adapter_config.json").read_text())["peft_type"] == "LORA"
     assert (output_dir / "training_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     losses = [
@@ -227,18 +219,53 @@ def test_train_and_chat_with_zebra_from_the_browser(board: LlamaBoard, browser, 
         for line in (output_dir / "trainer_log.jsonl").read_text().splitlines()
         if "loss" in (entry := json.loads(line))
     ]
-    assert len(losses) == 8 and all(math.isfinite(loss) for loss in losses)
+    assert len(losses) == OPTIMIZER_STEPS and all(math.isfinite(loss) for loss in losses)
 
-    # 6. Chat with the trained adapter.
+
+def _bot_reply(page) -> str | None:
+    replies = page.visible("//div[@data-testid='bot']")
+    return replies[-1].text.strip() if replies else None
+
+
+def _chat(page, board: LlamaBoard, checkpoint: str, screenshots: Path) -> str:
+    """Loads the base model with the trained adapter and returns the reply to one message."""
     page.open_tab("Chat")
-    page.choose("Checkpoint path", output_name)
+    page.choose("Checkpoint path", checkpoint)
     page.click("Load model")
-    page.wait_for(lambda: page.field_containing("Model loaded"), "the model to load", timeout=CHAT_TIMEOUT_S)
-    assert f"Loaded adapter(s): saves/{MODEL_NAME}/lora/{output_name}" in board.log.read_text()
+    _wait_or_show_log(
+        page, board, lambda: page.field_containing("Model loaded"), "the model to load", timeout=CHAT_TIMEOUT_S
+    )
+    assert f"Loaded adapter(s): saves/{MODEL_NAME}/lora/{checkpoint}" in board.log.read_text()
     page.set_number("Maximum new tokens", 16)
     query = page.wait_for(lambda: page.visible("//textarea[@placeholder='Input...']"), "the chat input")[0]
     query.send_keys("Say the number 3.")
     page.click("Submit")
-    reply = _settled_reply(page)
-    assert reply
+
+    previous, stable_since = None, time.monotonic()
+
+    def settled() -> str | None:
+        """The reply once streaming has left it unchanged for a second."""
+        nonlocal previous, stable_since
+        reply = _bot_reply(page)
+        if reply != previous:
+            previous, stable_since = reply, time.monotonic()
+            return None
+        return reply if reply and time.monotonic() - stable_since > 1.0 else None
+
+    reply = _wait_or_show_log(page, board, settled, "a reply from the trained model", timeout=CHAT_TIMEOUT_S)
     page.screenshot(screenshots / "webui-6-chat.png", page.visible("//div[@data-testid='bot']")[-1])
+    return reply
+
+
+def test_train_and_chat_with_zebra_from_the_browser(browser, board: LlamaBoard, screenshots: Path, workdir: Path):
+    from webui.gradio_page import GradioPage  # imports Selenium, which the browser fixture has checked
+
+    page = GradioPage(browser, board.url)
+    tiny_model, data_dir = workdir / "zebra-tiny", workdir / "data-fixture"
+    _choose_model(page, tiny_model, screenshots)
+    _choose_data_and_hyperparameters(page, data_dir, screenshots)
+    _check_deepspeed_presets(page, board, screenshots)
+    _check_cpu_command(page, board, tiny_model, data_dir, screenshots)
+    output_dir = _train(page, board, screenshots)
+    _check_run_outputs(output_dir)
+    assert _chat(page, board, output_dir.name, screenshots)

@@ -113,7 +113,9 @@ def check_torch_build(m: Machine) -> Check:
     if m.amd_gpus_present and not m.hip:
         return Check("torch build", FAIL, f"{detail}, but this machine has AMD GPUs (/dev/kfd, rocminfo)", rocm_wheel)
     if m.nvidia_gpus_present and not m.cuda:
-        return Check("torch build", FAIL, f"{detail}, but this machine has NVIDIA GPUs", "install a CUDA build of torch")
+        return Check(
+            "torch build", FAIL, f"{detail}, but this machine has NVIDIA GPUs", "install a CUDA build of torch"
+        )
     return Check("torch build", OK, detail)
 
 
@@ -139,7 +141,9 @@ def check_gpus(m: Machine, require_gpu: bool) -> Check:
                 "install a torch ROCm wheel built for your GPU architecture",
             )
     if len(m.gpu_names) in (2, 4) and "gfx942" in m.gpu_archs:
-        return Check("GPUs", WARN, f"{detail}: 2- and 4-GPU collectives are slow on MI300X", "use 1 or 8 GPUs per node")
+        return Check(
+            "GPUs", WARN, f"{detail}: 2- and 4-GPU collectives are slow on MI300X", "use 1 or 8 GPUs per node"
+        )
     return Check("GPUs", OK, detail)
 
 
@@ -150,7 +154,9 @@ def check_bf16(m: Machine) -> Check:
 
     if torch.cuda.is_bf16_supported():
         return Check("bf16", OK, "supported")
-    return Check("bf16", FAIL, "this GPU has no bf16; Zebra trains in bf16 only (fp16 overflows)", "use MI250/MI300X or Ampere+")
+    return Check(
+        "bf16", FAIL, "this GPU has no bf16; Zebra trains in bf16 only (fp16 overflows)", "use MI250/MI300X or Ampere+"
+    )
 
 
 def _mla_head_dims() -> tuple[int, int]:
@@ -171,8 +177,12 @@ def check_flash_attn(m: Machine) -> Check:
             "CUDA: pip install flash-attn --no-build-isolation"
         )
         status = WARN if not m.has_gpu else FAIL
-        return Check("flash-attn", status, f"not importable ({type(error).__name__}); packed long sequences need it", fix)
-    backend = "Triton (AMD)" if os.environ.get("FLASH_ATTENTION_TRITON_AMD_ENABLE", "").upper() == "TRUE" else "CK/CUDA"
+        return Check(
+            "flash-attn", status, f"not importable ({type(error).__name__}); packed long sequences need it", fix
+        )
+    backend = (
+        "Triton (AMD)" if os.environ.get("FLASH_ATTENTION_TRITON_AMD_ENABLE", "").upper() == "TRUE" else "CK/CUDA"
+    )
     detail = f"{flash_attn.__version__}, {backend} backend; {needs}"
     if max(qk, v) > 256:
         return Check("flash-attn", FAIL, f"{detail}: FlashAttention-2 stops at 256", "use sdpa (flash_attn: sdpa)")
@@ -274,7 +284,9 @@ def check_torchrun(m: Machine) -> Check:
     path = shutil.which("torchrun")
     if path is None:
         status = FAIL if len(m.gpu_names) > 1 else WARN
-        return Check("torchrun", status, "not on PATH: llamafactory-cli train cannot start workers", "activate the venv")
+        return Check(
+            "torchrun", status, "not on PATH: llamafactory-cli train cannot start workers", "activate the venv"
+        )
     interpreter = _script_interpreter(path)
     if interpreter and os.path.realpath(interpreter) != os.path.realpath(sys.executable):
         return Check(
@@ -317,12 +329,13 @@ def _unmet_requirements(distribution: str) -> list[str]:
 
 
 def check_versions(m: Machine) -> Check:
-    versions = {name: importlib.metadata.version(name) for name in ("llamafactory", "transformers", "peft", "accelerate")}
-    detail = ", ".join(f"{k} {v}" for k, v in versions.items())
     problems = _unmet_requirements("llamafactory-zebra") + _unmet_requirements("llamafactory")
     if problems:
         return Check("version pins", FAIL, "; ".join(problems), "pip install -e . (reinstalls matching versions)")
-    return Check("version pins", OK, detail)
+    versions = {
+        name: importlib.metadata.version(name) for name in ("llamafactory", "transformers", "peft", "accelerate")
+    }
+    return Check("version pins", OK, ", ".join(f"{k} {v}" for k, v in versions.items()))
 
 
 PLUGIN_PROBE = """
@@ -341,7 +354,9 @@ print("PROBE" + json.dumps({"active": active, "zebra_config": zebra}))
 def check_plugin(m: Machine) -> Check:
     """What a torchrun worker sees: a fresh interpreter that only imports LLaMA-Factory."""
     if importlib.util.find_spec("llamafactory_zebra_hook") is None:
-        return Check("plugin active", FAIL, "the start-up hook is not installed", "pip install -e . (or reinstall the wheel)")
+        return Check(
+            "plugin active", FAIL, "the start-up hook is not installed", "pip install -e . (or reinstall the wheel)"
+        )
     from llamafactory_zebra_hook import DISABLE_ENV, is_disabled
 
     if is_disabled():

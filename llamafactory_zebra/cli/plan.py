@@ -168,8 +168,7 @@ def render(r: dict[str, Any]) -> str:
         + (f", offload {'+'.join(offload)}" if offload else "")
         + f"; {run_['precision']}; attention {run_['attention']}",
         f"tokens     {run_['per_device_train_batch_size']} × {run_['cutoff_len']:,} / SP {run_['sequence_parallel_size']}"
-        f" = {run_['tokens_per_gpu']:,} per GPU per micro-step"
-        + ("; packing" if run_["packing"] else ""),
+        f" = {run_['tokens_per_gpu']:,} per GPU per micro-step" + ("; packing" if run_["packing"] else ""),
         "",
         "per GPU                                          GiB",
         f"  parameters                               {_gib(st['parameters'])}",
@@ -223,7 +222,9 @@ def render(r: dict[str, Any]) -> str:
     ]
     if v["cheapest_change"]:
         lines.append(
-            "cheapest change: " + "; then ".join(v["cheapest_change"]) + f" → peak {v['peak_after_change'] / GIB:.2f} GiB"
+            "cheapest change: "
+            + "; then ".join(v["cheapest_change"])
+            + f" → peak {v['peak_after_change'] / GIB:.2f} GiB"
         )
     elif v["no_listed_change_fits"]:
         lines.append("no change the planner knows fits on these GPUs: add GPUs or shorten cutoff_len")

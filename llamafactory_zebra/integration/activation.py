@@ -36,8 +36,9 @@ HANDLERS: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
     "llamafactory.data.parser": (_datasets("on_parser_module_loaded"),),
     "llamafactory.model.loader": (seams.patch_loader,),
     "llamafactory.model.patcher": (seams.patch_rope,),
-    # Order matters: the SP key must leave the arguments before the Zebra checks parse them.
-    "llamafactory.hparams.parser": (seams.patch_train_args, sequence_parallel.patch_parser),
+    # Order matters: the SP wrapper goes on first (innermost), so the key leaves the arguments before
+    # LLaMA-Factory parses them and the Zebra checks around it already see sequence_parallel_size.
+    "llamafactory.hparams.parser": (sequence_parallel.patch_parser, seams.patch_train_args),
     "llamafactory.webui.common": (_datasets("on_webui_common_loaded"),),
     "llamafactory.webui.interface": (webui.on_interface_loaded,),
     "llamafactory.webui.engine": (webui.on_engine_loaded,),

@@ -94,10 +94,12 @@ def check_sequence_parallel_setup(
             f"{SP_KEY}={sp} must divide the MLA query heads ({config.num_attention_heads}): Ulysses gives each "
             f"rank whole heads"
         )
-    if data_args.cutoff_len % sp:
+    # LLaMA-Factory keeps packed rows one token short of the YAML's cutoff_len and pads them back.
+    cutoff_len = data_args.cutoff_len + int(bool(data_args.packing))
+    if cutoff_len % sp:
         raise ValueError(
-            f"cutoff_len={data_args.cutoff_len} must be a multiple of {SP_KEY}={sp} so a full packed row splits "
-            f"into equal shards; use e.g. cutoff_len: {data_args.cutoff_len - data_args.cutoff_len % sp + sp}"
+            f"cutoff_len={cutoff_len} must be a multiple of {SP_KEY}={sp} so a full packed row splits into "
+            f"equal shards without padding; use e.g. cutoff_len: {cutoff_len - cutoff_len % sp + sp}"
         )
     for attribute, what in UNSUPPORTED_WITH_SP:
         owner = next((a for a in (training_args, finetuning_args) if getattr(a, attribute, False)), None)
@@ -106,7 +108,7 @@ def check_sequence_parallel_setup(
 
 
 def patch_parser(parser: ModuleType) -> None:
-    """Outermost wrapper of ``get_train_args``: strip and check the SP key (see module doc)."""
+    """Innermost wrapper of ``get_train_args`` (installed first): strip, store and check the SP key."""
     get_train_args = parser.get_train_args
 
     @functools.wraps(get_train_args)

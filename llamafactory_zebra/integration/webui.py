@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..configuration_zebra import PRESETS
 from .seams import require_seam
 
 LOCALHOST_IPV4 = "127.0.0.1"
@@ -30,21 +31,18 @@ IPV6_ENV = "GRADIO_IPV6"
 
 CPU_COMPUTE_TYPE = "fp32"
 UPSTREAM_DS_STAGES = ("none", "2", "3")
-ZEBRA_MAX_CUTOFF_LEN = 1_048_576
+ZEBRA_MAX_CUTOFF_LEN = max(preset["max_position_embeddings"] for preset in PRESETS.values())
 """Zebra's longest context; LlamaBoard's cutoff sliders stop at 131072 (hiyouga/LLaMA-Factory#8148)."""
 
 PRESET_DIR_NAME = "deepspeed_configs"
 _ORIGINAL = "__zebra_original__"
 
 
-def _env_enabled(name: str) -> bool:
-    """LLaMA-Factory's own truth table for ``GRADIO_IPV6`` (``extras.misc.is_env_enabled``)."""
-    return os.environ.get(name, "0").lower() in {"true", "y", "1"}
-
-
 def default_server_name() -> str:
     """The loopback address matching the address family LLaMA-Factory would have bound."""
-    return LOCALHOST_IPV6 if _env_enabled(IPV6_ENV) else LOCALHOST_IPV4
+    from llamafactory.extras.misc import is_env_enabled
+
+    return LOCALHOST_IPV6 if is_env_enabled(IPV6_ENV) else LOCALHOST_IPV4
 
 
 def on_interface_loaded(interface: ModuleType) -> None:

@@ -7,7 +7,8 @@ built per forward from the :class:`~.context.SequenceParallelContext`, so it kno
 of the whole rows and hands them to the core attention in the form it reads:
 
 - FlashAttention-2/3: positions restarting at every sample (their varlen path), no mask;
-- sdpa / eager: the ``[B, 1, T, T]`` block-diagonal causal mask (quadratic: CPU and short rows only).
+- sdpa / eager: the ``[B, 1, T, T]`` block-diagonal causal mask (quadratic: CPU and short rows only);
+  sdpa gets no mask (its causal flag) when every row is a single sample.
 
 RoPE has already been applied on each rank with the shard's global positions. Key/value heads that do
 not divide by the SP size are replicated (``repeat_interleave`` keeps each query head on its key head).
@@ -77,6 +78,8 @@ def ulysses_attention(
         view = _HeadSliceView(module, query.shape[1] // key.shape[1])
         if attn_implementation in FLASH_BACKENDS:
             kwargs["position_ids"] = _segment_positions(context.global_runs)
+            mask = None
+        elif attn_implementation == "sdpa" and bool((context.global_runs == 1).all()):
             mask = None
         else:
             mask = _block_causal(context.global_runs)

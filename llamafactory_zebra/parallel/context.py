@@ -117,7 +117,16 @@ class SequenceParallelContext:
     def chunk_gated_delta_rule(self, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, **kw):
         """Drop-in for ``ops.chunk_gated_delta_rule`` on this rank's shard (see ``gdn.py``)."""
         return chunk_gated_delta_rule_sp(
-            self, q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state, **kw
+            self,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            scale=scale,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            **kw,
         )
 
     def attention(self, core_attention, attn_implementation: str | None):

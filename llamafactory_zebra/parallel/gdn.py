@@ -85,7 +85,14 @@ def chunk_gated_delta_rule_sp(
     value_dim = v.shape[-1]
     num_runs = context.cu_seqlens.numel() - 1
     v_aug = torch.cat([v, v.new_zeros(*v.shape[:-1], key_dim)], dim=-1)
-    state0 = torch.zeros(num_runs, heads, key_dim, value_dim + key_dim, dtype=torch.promote_types(v.dtype, torch.float32), device=v.device)
+    state0 = torch.zeros(
+        num_runs,
+        heads,
+        key_dim,
+        value_dim + key_dim,
+        dtype=torch.promote_types(v.dtype, torch.float32),
+        device=v.device,
+    )
     state0[..., value_dim:] = torch.eye(key_dim, dtype=state0.dtype, device=v.device)
     o_aug, final = chunk_gated_delta_rule(
         q,

@@ -312,7 +312,9 @@ def activation_estimate(
     )
 
 
-def inference_cache_bytes(config: ZebraConfig, tokens: int, sequences: int = 1, act_bytes: int = 2) -> dict[str, float]:
+def inference_cache_bytes(
+    config: ZebraConfig, tokens: int, sequences: int = 1, act_bytes: int = 2
+) -> dict[str, float]:
     """Decode-cache bytes: MLA keeps the normalised latent and rope key per token; GDN a fixed state.
 
     The GDN state per sequence and layer is the fp32 ``[H, dk, dv]`` recurrence plus the q/k/v

@@ -155,7 +155,9 @@ def freeze_trainable_params(
     n = config.num_hidden_layers
     layers = range(max(0, n - trainable_layers), n) if trainable_layers > 0 else range(min(-trainable_layers, n))
     patterns = [
-        f"model.layers.{i}." + ("*" if module == "all" else f"{module}*") for i in layers for module in trainable_modules
+        f"model.layers.{i}." + ("*" if module == "all" else f"{module}*")
+        for i in layers
+        for module in trainable_modules
     ]
     modules = zebra_modules(config)
     chosen = sum(m.params for m in modules if any(fnmatch.fnmatchcase(m.name, p) for p in patterns))

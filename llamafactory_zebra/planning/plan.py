@@ -166,10 +166,10 @@ class Change:
 
 def _deepspeed(stage: int, offload_optimizer: bool, offload_params: bool, preset: str):
     def apply(s: TrainingSetup) -> TrainingSetup | None:
-        current = (s.zero_stage, s.offload_optimizer, s.offload_params)
-        if current == (stage, offload_optimizer, offload_params) or (s.offload_params and not offload_params):
-            return None
-        if s.offload_optimizer and not offload_optimizer:
+        already = (
+            s.zero_stage == stage and s.offload_optimizer >= offload_optimizer and s.offload_params >= offload_params
+        )
+        if already:
             return None
         h = s.config.hidden_size
         return dataclasses.replace(
@@ -201,7 +201,10 @@ def _when(condition: Callable[[TrainingSetup], bool], **changes) -> Callable[[Tr
 
 # Cheapest first: free or faster changes, then ones that cost compute, then communication, then host memory.
 CHANGES: tuple[Change, ...] = (
-    Change("enable_liger_kernel: true (fused linear cross-entropy)", _when(lambda s: not s.fused_cross_entropy, fused_cross_entropy=True)),
+    Change(
+        "enable_liger_kernel: true (fused linear cross-entropy)",
+        _when(lambda s: not s.fused_cross_entropy, fused_cross_entropy=True),
+    ),
     Change(
         "flash_attn: fa2 (packed batches then need no T×T mask)",
         _when(lambda s: s.packing and s.attention != "flash_attention_2", attention="flash_attention_2"),
@@ -225,7 +228,7 @@ CHANGES: tuple[Change, ...] = (
 )
 
 
-def describe(change: Change, before: TrainingSetup, after: TrainingSetup) -> str:
+def describe(change: Change, after: TrainingSetup) -> str:
     if change.apply is _sequence_parallel:
         return f"sequence_parallel_size: {after.sequence_parallel} (split each sequence across GPUs)"
     return change.description
@@ -239,13 +242,13 @@ def cheapest_fix(setup: TrainingSetup) -> tuple[list[str], MemoryPlan] | None:
         if changed is not None:
             plan = make_plan(changed)
             if plan.fits:
-                return [describe(change, setup, changed)], plan
+                return [describe(change, changed)], plan
     applied, current = [], setup
     for change in CHANGES:
         changed = change.apply(current)
         if changed is None:
             continue
-        applied.append(describe(change, current, changed))
+        applied.append(describe(change, changed))
         current = changed
         plan = make_plan(current)
         if plan.fits:

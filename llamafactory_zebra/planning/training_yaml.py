@@ -84,27 +84,31 @@ def _deepspeed_setup(value: Any, yaml_dir: Path, hidden_size: int) -> dict[str, 
             raise ValueError(f"deepspeed: {value} not found (looked in {', '.join(map(str, candidates))})")
         with open(found, encoding="utf-8") as f:
             ds, label = json.load(f), str(value)
-    zero = ds.get("zero_optimization", {})
-    stage = int(zero.get("stage", 0))
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
 
-    def elements(key: str, auto: int) -> int:
-        v = zero.get(key)
-        return auto if v == "auto" else int(v or 0)
-
-    def offloaded(key: str) -> bool:
-        return (zero.get(key) or {}).get("device", "none") not in ("none", None)
-
+    # HF fills these "auto" sizes from the hidden size (trainer_config_finalize); DeepSpeed's own config
+    # class supplies the defaults of absent keys and validates the rest.
     h2 = hidden_size * hidden_size
+    auto = {
+        "reduce_bucket_size": h2,
+        "stage3_prefetch_bucket_size": int(0.9 * h2),
+        "stage3_param_persistence_threshold": 10 * hidden_size,
+    }
+    zero_values = {k: auto.get(k, v) if v == "auto" else v for k, v in ds.get("zero_optimization", {}).items()}
+    zero = DeepSpeedZeroConfig(**zero_values)
+
+    def offloaded(offload) -> bool:
+        return offload is not None and offload.device != OffloadDeviceEnum.none
+
+    stage = int(zero.stage)
+    gather = {2: zero.allgather_bucket_size, 3: zero.prefetch_bucket_size}.get(stage, 0)
     return {
         "zero_stage": stage,
-        "offload_optimizer": offloaded("offload_optimizer"),
-        "offload_params": offloaded("offload_param"),
-        "reduce_bucket_elements": elements("reduce_bucket_size", h2) if stage >= 2 else 0,
-        "gather_bucket_elements": (
-            elements("stage3_prefetch_bucket_size", int(0.9 * h2)) if stage == 3 else elements("allgather_bucket_size", 0)
-        )
-        if stage >= 2
-        else 0,
+        "offload_optimizer": offloaded(zero.offload_optimizer),
+        "offload_params": offloaded(zero.offload_param),
+        "reduce_bucket_elements": int(zero.reduce_bucket_size) if stage >= 2 else 0,
+        "gather_bucket_elements": int(gather),
         "deepspeed_label": label,
     }
 
@@ -116,9 +120,8 @@ def setup_from_yaml(
     gpu_label: str,
     sequence_parallel: int | None = None,
 ) -> TrainingSetup:
-    from transformers import HfArgumentParser
-
     from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArguments
+    from transformers import HfArgumentParser
 
     values = load_yaml(path)
     future = {SEQUENCE_PARALLEL_KEY: values.pop(SEQUENCE_PARALLEL_KEY, 1)}

@@ -120,4 +120,6 @@ def mixers_worker(rank: int, world: int) -> dict[str, float]:
         mla = ZebraMLA(mla_config, layer_idx=0).double()
         local, rows = LAYOUTS[world][0]
         keep_worst(_mla_errors(mla, mla_config, layout, packed_segments(rows)))
+        # One sample per row: sdpa runs with its causal flag instead of a mask.
+        keep_worst(_mla_errors(mla, mla_config, layout, packed_segments([[local * world]] * 2)))
     return results

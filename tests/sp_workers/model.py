@@ -23,7 +23,7 @@ BATCHES = {
 }
 
 
-def tiny_model(fused_loss: bool):
+def tiny_model(fused_loss: bool, checkpointing: bool = False):
     from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
 
     torch.manual_seed(0)
@@ -32,6 +32,8 @@ def tiny_model(fused_loss: bool):
     model = ZebraForCausalLM(config).float().train()
     if fused_loss:
         model.enable_fused_cross_entropy("chunked")
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
 
 
@@ -89,10 +91,12 @@ def sp_errors(model, sp: int, rows: list[list[int]], tag: str) -> dict[str, floa
 
 
 def model_worker(rank: int, world: int) -> dict[str, float]:
+    """Plain and fused cross-entropy; at SP 2 also with gradient checkpointing (the recompute repeats the
+    forward collectives, which must line up across ranks)."""
     results = {}
-    for fused in (False, True):
-        model = tiny_model(fused)
-        suffix = "_fused" if fused else ""
+    variants = [(False, False, ""), (True, False, "_fused")] + ([(False, True, "_ckpt")] if world == 2 else [])
+    for fused, checkpointing, suffix in variants:
+        model = tiny_model(fused, checkpointing)
         results.update(sp_errors(model, world, BATCHES[world][1], f"sp{world}{suffix}"))
         if world == 4:
             results.update(sp_errors(model, 2, BATCHES[2][1], f"sp2xdp2{suffix}"))

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -45,7 +45,7 @@ class GradioPage:
                 result = probe()
                 if result:
                     return result
-            except (StaleElementReferenceException, LookupError) as err:  # Gradio re-rendered the element
+            except (StaleElementReferenceException, NoSuchElementException, LookupError) as err:  # re-rendering
                 last_error = err
             time.sleep(0.25)
         raise TimeoutError(f"timed out after {timeout or self.timeout:.0f} s waiting for {what} ({last_error})")
@@ -80,10 +80,11 @@ class GradioPage:
         field.click()
         field.send_keys(Keys.CONTROL, "a")
         field.send_keys(Keys.DELETE, text)
-        field.send_keys(Keys.TAB)  # blur: Gradio sends the new value on change/blur
+        # Blur without moving focus on (a TAB would open the next dropdown): Gradio commits on blur.
+        self.driver.execute_script("arguments[0].blur();", field)
         self.wait_for(lambda: field.get_attribute("value") == text, f"{text!r} in the field")
 
-    def options(self, label: str, typed: str = "") -> list[str]:
+    def options(self, label: str, typed: str = "", keep_open: bool = False) -> list[str]:
         """The choices a dropdown offers after typing ``typed`` (opening it runs its ``focus`` handlers)."""
         field = self._dropdown_input(label)
         field.click()
@@ -92,8 +93,12 @@ class GradioPage:
             field.send_keys(Keys.DELETE, typed)
         options = self.wait_for(self._open_options, f"the options of {label!r}")
         names = [option.get_attribute("aria-label") for option in options]
-        field.send_keys(Keys.ESCAPE)
+        if not keep_open:
+            field.send_keys(Keys.ESCAPE)
         return names
+
+    def close_dropdown(self, label: str) -> None:
+        self._dropdown_input(label).send_keys(Keys.ESCAPE)
 
     def choose(self, label: str, choice: str) -> None:
         field = self._dropdown_input(label)
@@ -145,9 +150,11 @@ class GradioPage:
 
     def screenshot(self, path: Path, around: WebElement | None = None) -> Path:
         """The viewport, scrolled so that ``around`` sits in the middle of it."""
+        for close in self.visible("//button[contains(@class, 'toast-close')]"):
+            close.click()  # notifications of earlier steps would cover the page
         if around is not None:
             self.driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", around)
-            time.sleep(0.3)  # let Gradio finish re-laying out before the capture
+        time.sleep(0.5)  # let Gradio finish re-laying out (and toasts fade) before the capture
         path.parent.mkdir(parents=True, exist_ok=True)
         self.driver.save_screenshot(str(path))
         return path

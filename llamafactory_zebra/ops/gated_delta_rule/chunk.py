@@ -41,7 +41,7 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 class _ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, scale: float, plan: ChunkPlan):
+    def forward(ctx, q, k, v, g, beta, initial_state, scale: float, plan: ChunkPlan, keep: bool):
         size = plan.chunk_size
         with torch.autocast(q.device.type, enabled=False):
             qc, kc, vc = plan.to_chunks(q), plan.to_chunks(k), plan.to_chunks(v)
@@ -67,8 +67,7 @@ class _ChunkGatedDeltaRuleFunction(torch.autograd.Function):
             state = q.new_zeros(len(plan.order), q.shape[1], k.shape[-1], v.shape[-1])
             if initial_state is not None:
                 state.copy_(initial_state[plan.order])
-            # The state entering every chunk is kept only when a backward pass will need it.
-            keep = any(ctx.needs_input_grad[:6])
+            # The state entering every chunk is kept only when a backward pass will need it (``keep``).
             states = q.new_empty(plan.num_chunks if keep else len(plan.order), *state.shape[1:])
             products = q.new_empty(*qw.shape[:3], v.shape[-1])
             vn = products[:, :, size:]
@@ -164,7 +163,7 @@ class _ChunkGatedDeltaRuleFunction(torch.autograd.Function):
                 plan.from_chunks(dgc[..., None])[..., 0],
                 plan.from_chunks(dbc[..., None])[..., 0],
             )
-        return *grads, dinitial, None, None
+        return *grads, dinitial, None, None, None
 
 
 def chunk_gated_delta_rule_torch(
@@ -192,5 +191,7 @@ def chunk_gated_delta_rule_torch(
     if use_qk_l2norm_in_kernel:
         qf, kf = l2norm(qf), l2norm(kf)
     h0 = None if initial_state is None else initial_state.to(dtype)
-    o, final = _ChunkGatedDeltaRuleFunction.apply(qf, kf, vf, gf, bf, h0, scale, plan)
+    inputs = (qf, kf, vf, gf, bf, h0)
+    keep = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
+    o, final = _ChunkGatedDeltaRuleFunction.apply(*inputs, scale, plan, keep)
     return o.view(batch, seq_len, heads, v.shape[-1]).to(q.dtype), final if output_final_state else None
