@@ -52,7 +52,9 @@ def main() -> None:
         print(json.dumps(measure(args.point[0], int(args.point[1]), args.vocab, args.hidden)))
         return
 
-    print(f"loss + backward, vocab {args.vocab}, hidden {args.hidden}, fp32, CPU; baseline: full logits + ForCausalLMLoss")
+    print(
+        f"loss + backward, vocab {args.vocab}, hidden {args.hidden}, fp32, CPU; baseline: full logits + ForCausalLMLoss"
+    )
     print("| T | fused peak MiB | full-logits peak MiB | memory ratio | fused s | full s | time ratio | |loss diff| |")
     print("|---|---|---|---|---|---|---|---|")
     for length in args.lengths:

@@ -65,7 +65,9 @@ def main() -> None:
         print(json.dumps(measure(args.point[0], int(args.point[1]), args.steps, args.threads)))
         return
 
-    print(f"training step (fwd+bwd), batch 1, fp32, CPU threads={args.threads}; baseline: Qwen3 of the same width/depth")
+    print(
+        f"training step (fwd+bwd), batch 1, fp32, CPU threads={args.threads}; baseline: Qwen3 of the same width/depth"
+    )
     print("| T | Zebra tok/s | Qwen3 tok/s | speed ratio | Zebra peak MiB | Qwen3 peak MiB | memory ratio |")
     print("|---|---|---|---|---|---|---|")
     for length in args.lengths:

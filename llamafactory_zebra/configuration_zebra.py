@@ -25,7 +25,9 @@ LAYER_TYPES = (MLA, GDN)
 # transformers validates every config's layer_types against one module-level tuple, including where it
 # reads a checkpoint's config.json through the base class (Trainer's resume_from_checkpoint). Zebra's
 # layer names join that list, as a model type joins AutoConfig.
-configuration_utils.ALLOWED_LAYER_TYPES = tuple(dict.fromkeys((*configuration_utils.ALLOWED_LAYER_TYPES, *LAYER_TYPES)))
+configuration_utils.ALLOWED_LAYER_TYPES = tuple(
+    dict.fromkeys((*configuration_utils.ALLOWED_LAYER_TYPES, *LAYER_TYPES))
+)
 
 RELEASED_HYBRID_CONFIG = "hybrid_config.json"
 

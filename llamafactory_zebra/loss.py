@@ -17,7 +17,13 @@ import torch
 import torch.nn.functional as F
 
 IGNORE_INDEX = -100
-DEFAULT_CHUNK_TOKENS = 1024
+# One chunk of fp32 logits stays at or below this many elements (64 MiB): 64 tokens for Qwen3's 151,936 vocab.
+CHUNK_LOGIT_ELEMENTS = 1 << 24
+
+
+def default_chunk_tokens(vocab_size: int) -> int:
+    """A power of two such that one chunk's logits stay near ``CHUNK_LOGIT_ELEMENTS``."""
+    return 1 << max(4, (CHUNK_LOGIT_ELEMENTS // max(vocab_size, 1)).bit_length() - 1)
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -63,13 +69,14 @@ def chunked_linear_cross_entropy_sum(
     weight: torch.Tensor,
     targets: torch.Tensor,
     ignore_index: int = IGNORE_INDEX,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    chunk_tokens: int | None = None,
 ) -> torch.Tensor:
     """Σ over non-ignored tokens of ``-log softmax(hidden @ weightᵀ)[target]`` (at least fp32), chunk by chunk."""
     if hidden.dim() != 2 or targets.shape != hidden.shape[:1]:
         raise ValueError(
             f"hidden must be [N, H] and targets [N], got {tuple(hidden.shape)} and {tuple(targets.shape)}"
         )
+    chunk_tokens = default_chunk_tokens(weight.shape[0]) if chunk_tokens is None else chunk_tokens
     if chunk_tokens <= 0:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
     return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_tokens)
@@ -100,7 +107,7 @@ def fused_causal_lm_loss(
     backend: str,
     num_items_in_batch: torch.Tensor | int | None = None,
     shift_labels: torch.Tensor | None = None,
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    chunk_tokens: int | None = None,
 ) -> torch.Tensor:
     """Mean next-token loss (or sum / ``num_items_in_batch``, as the HF Trainer asks) without full logits."""
     targets = shifted_targets(labels, shift_labels).reshape(-1).to(hidden_states.device)

@@ -98,7 +98,12 @@ def test_full_sft_then_resume_from_a_checkpoint_reaches_the_same_end(tiny_dir, t
     shutil.copytree(out / "checkpoint-3", resumed / "checkpoint-3")
     run_cli(
         "train",
-        {**args, "output_dir": str(resumed), "overwrite_output_dir": False, "resume_from_checkpoint": str(resumed / "checkpoint-3")},
+        {
+            **args,
+            "output_dir": str(resumed),
+            "overwrite_output_dir": False,
+            "resume_from_checkpoint": str(resumed / "checkpoint-3"),
+        },
         tmp_path,
     )
     resumed_losses = logged_losses(resumed)
@@ -168,7 +173,9 @@ def test_zero3_two_processes_saves_every_weight(tiny_dir, tmp_path):
         "per_device_train_batch_size": 1,
         "ddp_timeout": 600,
     }
-    log = run_cli("train", args, tmp_path, env={"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2", "MASTER_PORT": str(_free_port())})
+    log = run_cli(
+        "train", args, tmp_path, env={"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2", "MASTER_PORT": str(_free_port())}
+    )
     for rank in (0, 1):
         assert f"llamafactory-zebra 0.1.0 active in rank {rank}" in log
     assert_loss_falls(logged_losses(out))
@@ -185,7 +192,9 @@ def test_zero3_two_processes_saves_every_weight(tiny_dir, tmp_path):
 def test_chat_model_answers_one_turn_with_the_hybrid_cache(tiny_dir):
     from llamafactory.chat import ChatModel
 
-    chat = ChatModel({"model_name_or_path": str(tiny_dir), "template": "zebra", "infer_backend": "huggingface", "max_new_tokens": 8})
+    chat = ChatModel(
+        {"model_name_or_path": str(tiny_dir), "template": "zebra", "infer_backend": "huggingface", "max_new_tokens": 8}
+    )
     responses = chat.chat([{"role": "user", "content": "What is 2 + 2?"}])
     assert len(responses) == 1 and responses[0].response_length >= 1
     assert type(chat.engine.model).__name__ == "ZebraForCausalLM"
@@ -200,12 +209,27 @@ def _free_port():
 def test_openai_api_server_generates(tiny_dir, tmp_path):
     port = _free_port()
     config = tmp_path / "api.yaml"
-    config.write_text(yaml.safe_dump({"model_name_or_path": str(tiny_dir), "template": "zebra", "infer_backend": "huggingface", "max_new_tokens": 8}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model_name_or_path": str(tiny_dir),
+                "template": "zebra",
+                "infer_backend": "huggingface",
+                "max_new_tokens": 8,
+            }
+        )
+    )
     env = {**os.environ, "API_PORT": str(port), "API_HOST": "127.0.0.1", "DISABLE_VERSION_CHECK": "1"}
-    server = subprocess.Popen(["llamafactory-cli", "api", str(config)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    server = subprocess.Popen(
+        ["llamafactory-cli", "api", str(config)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
-        body = json.dumps({"model": "zebra", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+        body = json.dumps(
+            {"model": "zebra", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
+        ).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        )
         deadline = time.time() + 180
         while True:
             try:
@@ -225,7 +249,17 @@ def test_openai_api_server_generates(tiny_dir, tmp_path):
 
 def test_disabled_plugin_leaves_zebra_unknown_to_stock_llamafactory(tiny_dir, tmp_path):
     config = tmp_path / "train.yaml"
-    config.write_text(yaml.safe_dump({**BASE_ARGS, "model_name_or_path": str(tiny_dir), "finetuning_type": "full", "output_dir": str(tmp_path / "o"), "dataset": "zebra_demo"}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                **BASE_ARGS,
+                "model_name_or_path": str(tiny_dir),
+                "finetuning_type": "full",
+                "output_dir": str(tmp_path / "o"),
+                "dataset": "zebra_demo",
+            }
+        )
+    )
     result = subprocess.run(
         ["llamafactory-cli", "train", str(config)],
         env={**os.environ, "LLAMAFACTORY_ZEBRA_DISABLE": "1", "DISABLE_VERSION_CHECK": "1"},

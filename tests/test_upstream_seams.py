@@ -92,7 +92,13 @@ def test_rope_seam_switching_away_from_yarn_drops_yarn_keys():
 
     from llamafactory_zebra import ZebraConfig
 
-    rope = {"rope_type": "yarn", "rope_theta": 5e5, "factor": 2.0, "original_max_position_embeddings": 64, "mscale": 1.0}
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 5e5,
+        "factor": 2.0,
+        "original_max_position_embeddings": 64,
+        "mscale": 1.0,
+    }
     config = ZebraConfig.from_preset("tiny", rope_parameters=rope)
     configure_rope(config, SimpleNamespace(rope_scaling=RopeScaling.LINEAR, model_max_length=300))
     assert config.rope_parameters == {"rope_type": "linear", "rope_theta": 5e5, "factor": 5.0}

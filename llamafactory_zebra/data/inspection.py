@@ -294,11 +294,9 @@ def inspect_training_data(
     from tqdm.auto import tqdm
 
     from ..integration.datasets import install_dataset_seams
-    from ..integration.seams import require_seam
+    from ..integration.seams import upstream
 
-    load_single_dataset = require_seam(
-        loader_module, "_load_single_dataset", ("dataset_attr", "model_args", "data_args", "training_args")
-    )
+    load_single_dataset = upstream(loader_module, "_load_single_dataset")
 
     model_args, data_args, training_args, _, raw = load_train_arguments(config_path)
     sequence_parallel = int(raw.get("sequence_parallel_size") or 1)

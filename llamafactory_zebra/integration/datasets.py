@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from ..data.registry import merge_dataset_info, registry_dataset_info
-from .seams import UpstreamSeamChanged, require_seam
+from .seams import UpstreamSeamChanged, upstream
 
 DATA_CONFIG = "dataset_info.json"
 _ORIGINAL = "__zebra_original__"
@@ -80,8 +80,8 @@ def on_converter_module_loaded(module: ModuleType) -> None:
     from ..data.converters import ZEBRA_CONVERTERS
     from ..data.validation import GuardedConverter, dataset_label
 
-    register = require_seam(module, "register_dataset_converter", ("name", "dataset_converter"))
-    get_converter = require_seam(module, "get_dataset_converter", ("name", "dataset_attr", "data_args"))
+    register = upstream(module, "register_dataset_converter")
+    get_converter = upstream(module, "get_dataset_converter")
     converters = getattr(module, "DATASET_CONVERTERS", None)
     if not isinstance(converters, dict):
         raise UpstreamSeamChanged(f"{module.__name__}.DATASET_CONVERTERS is no longer a dict")
@@ -105,7 +105,7 @@ def on_converter_module_loaded(module: ModuleType) -> None:
 
 def on_parser_module_loaded(module: ModuleType) -> None:
     """``dataset:`` names resolve through the user's dataset_info.json, then the registry."""
-    get_dataset_list = require_seam(module, "get_dataset_list", ("dataset_names", "dataset_dir"))
+    get_dataset_list = upstream(module, "get_dataset_list")
     if _already_wrapped(get_dataset_list):
         return
 
@@ -126,7 +126,7 @@ def on_parser_module_loaded(module: ModuleType) -> None:
 
 def on_webui_common_loaded(module: ModuleType) -> None:
     """The web UI's dataset dropdown lists the user's datasets, then the registry's."""
-    load_dataset_info = require_seam(module, "load_dataset_info", ("dataset_dir",))
+    load_dataset_info = upstream(module, "load_dataset_info")
     if _already_wrapped(load_dataset_info):
         return
 

@@ -31,7 +31,10 @@ from typing import Any
 
 from ..configuration_zebra import RELEASED_HYBRID_CONFIG, ZebraConfig, is_released_layout, load_released_config
 
-# (module, attribute, parameters the wrapper relies on, in order)
+# Every name in LLaMA-Factory (and the one in DeepSpeed) that the plugin wraps, replaces or relies on:
+# (module, attribute — dotted for class members, parameters relied on, in order). The wrappers live
+# here and in datasets.py, webui.py and sequence_parallel.py (each next to the behaviour it adds); all
+# of them fetch their target through require_seam, and tests/test_upstream_seams.py checks this table.
 UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("llamafactory.extras.constants", "register_model_group", ("models", "template", "multimodal")),
     ("llamafactory.model.loader", "load_config", ("model_args",)),
@@ -43,6 +46,26 @@ UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     ("llamafactory.model.patcher", "configure_rope", ("config", "model_args")),
     ("llamafactory.hparams.parser", "get_train_args", ("args",)),
+    ("llamafactory.hparams.parser", "read_args", ("args",)),
+    ("llamafactory.data.converter", "register_dataset_converter", ("name", "dataset_converter")),
+    ("llamafactory.data.converter", "get_dataset_converter", ("name", "dataset_attr", "data_args")),
+    ("llamafactory.data.parser", "get_dataset_list", ("dataset_names", "dataset_dir")),
+    ("llamafactory.data.loader", "_load_single_dataset", ("dataset_attr", "model_args", "data_args", "training_args")),
+    ("llamafactory.webui.common", "load_dataset_info", ("dataset_dir",)),
+    ("llamafactory.webui.interface", "run_web_ui", ()),
+    ("llamafactory.webui.interface", "run_web_demo", ()),
+    ("llamafactory.webui.engine", "Engine.resume", ("self",)),
+    ("llamafactory.webui.runner", "Runner._parse_train_args", ("self", "data")),
+    (
+        "llamafactory.train.sft.workflow",
+        "CustomSeq2SeqTrainer.__init__",
+        ("self", "finetuning_args", "processor", "model_args", "gen_kwargs"),
+    ),
+    (
+        "deepspeed",
+        "initialize",
+        ("args", "model", "optimizer", "model_parameters", "training_data", "lr_scheduler", "distributed_port", "mpu"),
+    ),
 )
 
 # Keys that only mean something to YaRN; they leave when rope_scaling switches to another type.
@@ -56,27 +79,31 @@ class UpstreamSeamChanged(RuntimeError):
     pass
 
 
-def require_seam(module: ModuleType, attribute: str, parameters: tuple[str, ...]) -> Any:
-    target = getattr(module, attribute, None)
+def require_seam(module: Any, attribute: str, parameters: tuple[str, ...]) -> Any:
+    """``module.attribute`` (dotted for class members) if it still takes ``parameters`` first, else raise."""
+    target = module
+    for part in attribute.split("."):
+        target = getattr(target, part, None)
     if target is None:
         raise UpstreamSeamChanged(
-            f"{module.__name__}.{attribute} is gone; llamafactory-zebra supports LLaMA-Factory 0.9.x "
+            f"{getattr(module, '__name__', module)}.{attribute} is gone; llamafactory-zebra supports LLaMA-Factory 0.9.x "
             "(set LLAMAFACTORY_ZEBRA_DISABLE=1 to run LLaMA-Factory without the plugin)"
         )
     actual = tuple(inspect.signature(target).parameters)
     if actual[: len(parameters)] != parameters:
         raise UpstreamSeamChanged(
-            f"{module.__name__}.{attribute} now takes {actual}, expected {parameters}; "
+            f"{getattr(module, '__name__', module)}.{attribute} now takes {actual}, expected {parameters}; "
             "llamafactory-zebra supports LLaMA-Factory 0.9.x (set LLAMAFACTORY_ZEBRA_DISABLE=1 to bypass)"
         )
     return target
 
 
-def _seam(module: ModuleType, attribute: str) -> Any:
+def upstream(module: ModuleType, attribute: str) -> Any:
+    """The declared seam ``module.attribute`` from ``UPSTREAM_SEAMS``, checked with :func:`require_seam`."""
     for module_name, name, parameters in UPSTREAM_SEAMS:
         if module_name == module.__name__ and name == attribute:
             return require_seam(module, attribute, parameters)
-    raise KeyError(f"{module.__name__}.{attribute} is not a declared seam")
+    raise KeyError(f"{module.__name__}.{attribute} is not declared in UPSTREAM_SEAMS")
 
 
 def is_zebra_checkpoint(path: str | None) -> bool:
@@ -101,7 +128,7 @@ def _is_zebra(config: Any) -> bool:
 def register_model_groups(constants: ModuleType) -> None:
     from .model_groups import MODEL_GROUPS
 
-    register = _seam(constants, "register_model_group")
+    register = upstream(constants, "register_model_group")
     for models in MODEL_GROUPS:
         register(
             models={name: {constants.DownloadSource.DEFAULT: hub_id} for name, hub_id in models.items()},
@@ -118,9 +145,9 @@ def register_template(template_module: ModuleType) -> None:
 
 
 def patch_loader(loader: ModuleType) -> None:
-    load_config = _seam(loader, "load_config")
-    apply_liger_kernel = _seam(loader, "apply_liger_kernel")
-    patch_model = _seam(loader, "patch_model")
+    load_config = upstream(loader, "load_config")
+    apply_liger_kernel = upstream(loader, "apply_liger_kernel")
+    patch_model = upstream(loader, "patch_model")
 
     @functools.wraps(load_config)
     def zebra_load_config(model_args):
@@ -155,7 +182,7 @@ def patch_loader(loader: ModuleType) -> None:
 
 
 def patch_rope(patcher: ModuleType) -> None:
-    configure_rope = _seam(patcher, "configure_rope")
+    configure_rope = upstream(patcher, "configure_rope")
 
     @functools.wraps(configure_rope)
     def zebra_configure_rope(config, model_args):
@@ -198,7 +225,7 @@ def configure_zebra_rope(config: ZebraConfig, model_args: Any, logger: Any) -> N
 
 
 def patch_train_args(parser: ModuleType) -> None:
-    get_train_args = _seam(parser, "get_train_args")
+    get_train_args = upstream(parser, "get_train_args")
 
     @functools.wraps(get_train_args)
     def zebra_get_train_args(args=None):

@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
+from .seams import is_zebra_checkpoint, upstream
+
 SP_KEY = "sequence_parallel_size"
 # LLaMA-Factory ``flash_attn`` values that reach an attention the SP wrapper can keep samples apart in
 # (``auto`` resolves to sdpa for Zebra; ``disabled`` is eager, whose T x T weights no long run affords).
@@ -109,17 +111,17 @@ def check_sequence_parallel_setup(
 
 def patch_parser(parser: ModuleType) -> None:
     """Innermost wrapper of ``get_train_args`` (installed first): strip, store and check the SP key."""
-    get_train_args = parser.get_train_args
+    get_train_args = upstream(parser, "get_train_args")
+    read_args = upstream(parser, "read_args")
 
     @functools.wraps(get_train_args)
     def get_train_args_with_sequence_parallel(args=None):
-        args, sp = pop_sequence_parallel_size(parser.read_args(args))
+        args, sp = pop_sequence_parallel_size(read_args(args))
         parsed = get_train_args(args)
         model_args, data_args, training_args, finetuning_args, _ = parsed
         finetuning_args.sequence_parallel_size = sp
         if sp > 1:
             from ..configuration_zebra import ZebraConfig
-            from .seams import is_zebra_checkpoint
 
             config = None
             if is_zebra_checkpoint(model_args.model_name_or_path):
@@ -138,9 +140,10 @@ def patch_parser(parser: ModuleType) -> None:
 
 def patch_sft_workflow(workflow: ModuleType) -> None:
     """Make ``run_sft`` build the SP trainer when ``finetuning_args.sequence_parallel_size > 1`` (idempotent)."""
-    base = workflow.CustomSeq2SeqTrainer
-    if getattr(base, "sequence_parallel_base", None) is not None:
+    if getattr(workflow.CustomSeq2SeqTrainer, "sequence_parallel_base", None) is not None:
         return
+    upstream(workflow, "CustomSeq2SeqTrainer.__init__")
+    base = workflow.CustomSeq2SeqTrainer
     sp_trainer = sequence_parallel_trainer(base)
 
     @functools.wraps(base, updated=())
@@ -190,7 +193,7 @@ def deepspeed_config_for_sequence_parallel(config: dict[str, Any], dp_size: int)
 def deepspeed_initialize_with_mpu(mpu: ModuleType, dp_size: int) -> Iterator[None]:
     import deepspeed
 
-    initialize = deepspeed.initialize
+    initialize = upstream(deepspeed, "initialize")
 
     @functools.wraps(initialize)
     def initialize_with_mpu(*args, **kwargs):

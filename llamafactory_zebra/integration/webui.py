@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from ..configuration_zebra import PRESETS
-from .seams import require_seam
+from .seams import upstream
 
 LOCALHOST_IPV4 = "127.0.0.1"
 LOCALHOST_IPV6 = "::1"
@@ -53,7 +53,7 @@ def on_interface_loaded(interface: ModuleType) -> None:
     boxes. Setting ``GRADIO_SERVER_NAME=0.0.0.0`` brings upstream's behaviour back.
     """
     for name in ("run_web_ui", "run_web_demo"):
-        launch = require_seam(interface, name, ())
+        launch = upstream(interface, name)
         if not hasattr(launch, _ORIGINAL):
             setattr(interface, name, _on_loopback_by_default(launch))
 
@@ -112,8 +112,8 @@ def on_engine_loaded(engine_module: ModuleType) -> None:
     """
     from llamafactory.extras.misc import is_accelerator_available
 
+    resume = upstream(engine_module, "Engine.resume")
     engine_class = engine_module.Engine
-    resume = require_seam(engine_class, "resume", ("self",))
     if hasattr(resume, _ORIGINAL):
         return
 
@@ -137,8 +137,8 @@ def on_runner_loaded(runner_module: ModuleType) -> None:
     preset name that file does not exist, so the argument is replaced by the preset's absolute path
     (the preset fixes offloading itself; the "offload" checkbox does not apply to it).
     """
+    parse_train_args = upstream(runner_module, "Runner._parse_train_args")
     runner_class = runner_module.Runner
-    parse_train_args = require_seam(runner_class, "_parse_train_args", ("self", "data"))
     if hasattr(parse_train_args, _ORIGINAL):
         return
 
