@@ -103,3 +103,18 @@ def test_rope_seam_switching_away_from_yarn_drops_yarn_keys():
     configure_rope(config, SimpleNamespace(rope_scaling=RopeScaling.LINEAR, model_max_length=300))
     assert config.rope_parameters == {"rope_type": "linear", "rope_theta": 5e5, "factor": 5.0}
     assert config.max_position_embeddings == 320
+
+
+def test_llamafactory_loader_reads_a_released_layout_directory(tmp_path):
+    import json
+
+    from llamafactory.hparams import ModelArguments
+    from llamafactory.model.loader import load_config
+
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "qwen3", "num_hidden_layers": 4, "hidden_size": 64})
+    )
+    (tmp_path / "hybrid_config.json").write_text(json.dumps({"mla_layers": [1], "linear_type": "gdn"}))
+    config = load_config(ModelArguments(model_name_or_path=str(tmp_path)))
+    assert config.model_type == "zebra"
+    assert config.layer_types == ["gdn", "mla", "gdn", "gdn"]
