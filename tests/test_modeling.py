@@ -119,8 +119,9 @@ def test_incremental_logits_equal_full_forward():
         full = model(tokens, use_cache=False).logits
         cache = ZebraHybridCache(model.config)
         prefix = model(tokens[:, :6], past_key_values=cache, use_cache=True).logits
-        steps = [model(tokens[:, t : t + 1], past_key_values=cache, use_cache=True).logits for t in range(6, 14)]
-    torch.testing.assert_close(torch.cat([prefix, *steps], dim=1), full, rtol=1e-9, atol=1e-9)
+        continuation = model(tokens[:, 6:10], past_key_values=cache, use_cache=True).logits  # several at once
+        steps = [model(tokens[:, t : t + 1], past_key_values=cache, use_cache=True).logits for t in range(10, 14)]
+    torch.testing.assert_close(torch.cat([prefix, continuation, *steps], dim=1), full, rtol=1e-9, atol=1e-9)
 
 
 def test_left_padded_batch_generation_equals_single_prompts():

@@ -49,7 +49,7 @@ class ZebraShortConv(nn.Conv1d):
         decoding: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         weight = self.weight.squeeze(1)
-        if decoding:
+        if decoding and x.shape[1] == 1:
             return causal_conv1d_update(x, state, weight, activation="silu")
         return causal_conv1d(
             x,
@@ -138,7 +138,7 @@ class ZebraGatedDeltaNet(nn.Module):
             beta = beta.reshape(1, batch * length, -1)
             g = g.reshape(1, batch * length, -1)
 
-        rule = fused_recurrent_gated_delta_rule if decoding else chunk_gated_delta_rule
+        rule = fused_recurrent_gated_delta_rule if decoding and length == 1 else chunk_gated_delta_rule
         if sp_context is not None:
             rule = sp_context.chunk_gated_delta_rule
         output, recurrent_state = rule(

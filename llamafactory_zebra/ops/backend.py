@@ -20,16 +20,12 @@ _CHOICES = ("auto", "torch", "fla")
 
 
 @functools.cache
-def _import_fla(module: str) -> ModuleType | None:
+def fla_module(module: str) -> ModuleType | None:
+    """Import an fla submodule (e.g. ``fla.ops.gated_delta_rule``) once; ``None`` if unavailable."""
     try:
         return importlib.import_module(module)
     except Exception:  # Triton/driver problems surface as many exception types; all mean "not usable".
         return None
-
-
-def fla_module(module: str) -> ModuleType | None:
-    """Import an fla submodule (e.g. ``fla.ops.gated_delta_rule``) once; ``None`` if unavailable."""
-    return _import_fla(module)
 
 
 def requested_backend() -> str:

@@ -1,8 +1,9 @@
 """Chunked gated delta rule in plain PyTorch, with a hand-written backward.
 
 Why this exists: fla's Triton kernels need a GPU, and transformers' Qwen3-Next fallback
-(``torch_chunk_gated_delta_rule``) solves the in-chunk triangular system with a 63-step row loop whose
-autograd graph dominates training time. This version follows the WY/UT formulation of fla's
+(``torch_chunk_gated_delta_rule``) is differentiated by autograd through per-chunk slicing and a 63-step
+row loop, whose backward costs O(chunks x T) (30x slower than this file at T = 32k, see
+``docs/benchmarks.md``). This version follows the WY/UT formulation of fla's
 ``ops/gated_delta_rule/chunk.py`` (Yang, Kautz, Hatamizadeh, "Gated Delta Networks", 2024; fla is
 MIT-licensed, Copyright (c) 2023-2025 Songlin Yang, Yu Zhang), written for batched dense algebra:
 every in-chunk quantity is computed for all chunks at once, the triangular system by one batched
@@ -19,8 +20,8 @@ state S0 entering the chunk, q already scaled)::
     S1 = exp(gamma_C) S0 + (diag(exp(gamma_C - gamma)) K)^T Vn
 
 Only non-positive exponents appear, so nothing overflows for g <= 0. All maths runs in fp32 (fp64
-for fp64 inputs); the entering state of every chunk is kept for the backward pass (N_chunks x H x K x
-V floats, 400 MB for the Zebra layer at T = 8k).
+for fp64 inputs). When gradients are needed, the state entering every chunk is kept for the backward
+pass (N_chunks x H x K x V floats, 400 MB for the Zebra layer at T = 8k).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class _ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         return plan.from_chunks(o), final
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_o, grad_final):
         qc, kc, vc, bc, exp_gamma, exp_last, exp_tail, decay, kk, qk, intra, inv, qw, kd, vn, states = (
             ctx.saved_tensors
