@@ -32,6 +32,7 @@ from .configuration_zebra import MLA, ZebraConfig
 from .layers.gated_deltanet import ZebraGatedDeltaNet, ZebraShortConv, gdn_decay_init
 from .layers.mla import ZebraMLA
 from .layers.norms import ZebraRMSNorm
+from .layers.tiled_mlp import AUTO, set_mlp_tiles, tiled_mlp_forward
 from .loss import fused_causal_lm_loss, liger_can_run
 from .ops import cu_seqlens_from_segment_ids
 from .parallel.context import SequenceParallelContext
@@ -44,9 +45,16 @@ class ZebraMLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.act_fn = ACT2FN[config.hidden_act]
+        # Sequence tiles for training forwards (``None``: off, ``AUTO``: one hidden size of tokens each).
+        self.tiles: int | None = None
+
+    def dense_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        if self.tiles is None or not torch.is_grad_enabled():
+            return self.dense_forward(x)
+        return tiled_mlp_forward(self, x, self.tiles)
 
 
 class ZebraRotaryEmbedding(nn.Module):
@@ -459,6 +467,15 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values)
+
+    def enable_tiled_mlp(self, tiles: int = AUTO) -> None:
+        """Run every MLP over sequence tiles in training (DeepSpeed's ``TiledMLP``; see ``layers/tiled_mlp.py``).
+
+        ``tiles=0`` picks about one hidden size of tokens per tile. Exact: same loss and gradients. Works
+        single-process and under DeepSpeed ZeRO; plain DDP is not supported (each tile's backward would
+        report the MLP gradients ready again).
+        """
+        set_mlp_tiles(self, tiles)
 
     def enable_fused_cross_entropy(self, backend: str = "auto") -> str:
         """Compute the training loss from hidden states without full logits (see ``loss.py``).

@@ -177,9 +177,11 @@ def test_two_processes_with_each_deepspeed_preset_save_every_weight(tiny_dir, tm
         "per_device_train_batch_size": 1,
         "max_steps": 5,
         "ddp_timeout": 600,
+        "tiled_mlp": preset == "ds_z3_bf16",
     }
     env = {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2", "MASTER_PORT": str(_free_port())}
     log = run_cli("train", args, tmp_path, env=env)
+    assert ("MLPs run over sequence tiles" in log) == args["tiled_mlp"]
     for rank in (0, 1):
         assert f"llamafactory-zebra 0.1.0 active in rank {rank}" in log
     assert len(logged_losses(out)) == 5

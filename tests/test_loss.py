@@ -33,3 +33,32 @@ def test_chunked_cross_entropy_keeps_bf16_hidden_dtype_for_gradients():
 def test_chunked_cross_entropy_rejects_bad_shapes():
     with pytest.raises(ValueError, match="hidden must be"):
         chunked_linear_cross_entropy_sum(torch.zeros(2, 3, 4), torch.zeros(5, 4), torch.zeros(2, dtype=torch.long))
+
+
+@pytest.mark.parametrize("tiles", [0, 3, 4, 7])
+def test_tiled_mlp_gives_the_dense_loss_and_gradients_under_scaling(tiles):
+    from zebra_helpers import tiny_model
+
+    from llamafactory_zebra.layers.tiled_mlp import tile_count
+
+    tokens = torch.randint(0, 97, (2, 29))
+    results = []
+    for tiled in (False, True):
+        torch.manual_seed(0)
+        model = tiny_model(hidden_size=16, intermediate_size=32, q_lora_rank=24, kv_lora_rank=8).train()
+        if tiled:
+            model.enable_tiled_mlp(tiles)
+        loss = model(tokens, labels=tokens).loss
+        (loss * 0.37).backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-12, atol=1e-12)
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, rtol=1e-9, atol=1e-12)
+    assert tile_count(29, 16, 0) == 2 and tile_count(9, 64, 4) == 3  # torch.chunk yields 3 tiles of 3
+
+
+def test_tiled_mlp_rejects_negative_counts():
+    from zebra_helpers import tiny_model
+
+    with pytest.raises(ValueError, match="tiles"):
+        tiny_model().enable_tiled_mlp(-1)

@@ -28,9 +28,11 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
+from ..layers.tiled_mlp import AUTO, set_mlp_tiles
 from .seams import is_zebra_checkpoint, upstream
 
 SP_KEY = "sequence_parallel_size"
+TILED_MLP_KEY = "tiled_mlp"
 # LLaMA-Factory ``flash_attn`` values that reach an attention the SP wrapper can keep samples apart in
 # (``auto`` resolves to sdpa for Zebra; ``disabled`` is eager, whose T x T weights no long run affords).
 SP_ATTENTION = ("auto", "sdpa", "fa2", "fa3")
@@ -58,6 +60,38 @@ def pop_sequence_parallel_size(args: dict[str, Any] | list[str]) -> tuple[dict[s
         else:
             rest.append(item)
     return rest, value
+
+
+def pop_tiled_mlp(args: dict[str, Any] | list[str]) -> tuple[dict[str, Any] | list[str], bool]:
+    """``args`` without ``tiled_mlp`` and its value (``false`` when absent); YAML dict or CLI strings."""
+    if isinstance(args, dict):
+        rest = dict(args)
+        value = rest.pop(TILED_MLP_KEY, False)
+    else:
+        rest, value, items = [], False, iter(args)
+        for item in items:
+            name, _, inline = item.lstrip("-").partition("=")
+            if item.startswith("--") and name == TILED_MLP_KEY:
+                value = inline if inline else next(items, "true")
+            else:
+                rest.append(item)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        value = value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise ValueError(f"{TILED_MLP_KEY} must be true or false, got {value!r}")
+    return rest, value
+
+
+def check_tiled_mlp_setup(model_args: Any, training_args: Any) -> None:
+    if not is_zebra_checkpoint(model_args.model_name_or_path):
+        raise ValueError(
+            f"{TILED_MLP_KEY}: true is implemented for Zebra models; {model_args.model_name_or_path} is not one"
+        )
+    if training_args.world_size > 1 and not training_args.deepspeed:
+        raise ValueError(
+            f"{TILED_MLP_KEY}: true needs DeepSpeed (ZeRO-2/3) or a single process: under plain DDP every tile's "
+            "backward would mark the MLP gradients ready again; add e.g. deepspeed: deepspeed_configs/ds_z3_bf16.json"
+        )
 
 
 def _parse_size(value: Any) -> int:
@@ -117,9 +151,16 @@ def patch_parser(parser: ModuleType) -> None:
     @functools.wraps(get_train_args)
     def get_train_args_with_sequence_parallel(args=None):
         args, sp = pop_sequence_parallel_size(read_args(args))
+        args, tiled_mlp = pop_tiled_mlp(args)
         parsed = get_train_args(args)
         model_args, data_args, training_args, finetuning_args, _ = parsed
         finetuning_args.sequence_parallel_size = sp
+        finetuning_args.tiled_mlp = tiled_mlp
+        if tiled_mlp:
+            check_tiled_mlp_setup(model_args, training_args)
+            from llamafactory.train.sft import workflow
+
+            patch_sft_workflow(workflow)
         if sp > 1:
             from ..configuration_zebra import ZebraConfig
 
@@ -139,7 +180,8 @@ def patch_parser(parser: ModuleType) -> None:
 
 
 def patch_sft_workflow(workflow: ModuleType) -> None:
-    """Make ``run_sft`` build the SP trainer when ``finetuning_args.sequence_parallel_size > 1`` (idempotent)."""
+    """Make ``run_sft`` build the SP trainer when ``finetuning_args.sequence_parallel_size > 1``, and tile the
+    MLPs when ``finetuning_args.tiled_mlp`` (idempotent)."""
     if getattr(workflow.CustomSeq2SeqTrainer, "sequence_parallel_base", None) is not None:
         return
     upstream(workflow, "CustomSeq2SeqTrainer.__init__")
@@ -148,6 +190,9 @@ def patch_sft_workflow(workflow: ModuleType) -> None:
 
     @functools.wraps(base, updated=())
     def trainer_for_run(*args, **kwargs):
+        if getattr(kwargs.get("finetuning_args"), TILED_MLP_KEY, False):
+            count = set_mlp_tiles(kwargs["model"], AUTO)
+            workflow.logger.info_rank0(f"llamafactory-zebra: {count} MLPs run over sequence tiles ({TILED_MLP_KEY})")
         if getattr(kwargs.get("finetuning_args"), SP_KEY, 1) > 1:
             return sp_trainer(*args, **kwargs)
         return base(*args, **kwargs)

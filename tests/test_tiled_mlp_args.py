@@ -1,0 +1,34 @@
+from types import SimpleNamespace
+
+import pytest
+
+from llamafactory_zebra.integration.sequence_parallel import check_tiled_mlp_setup, pop_tiled_mlp
+
+
+def test_tiled_mlp_key_leaves_the_arguments_llamafactory_parses():
+    assert pop_tiled_mlp({"stage": "sft", "tiled_mlp": True}) == ({"stage": "sft"}, True)
+    assert pop_tiled_mlp(["--stage", "sft", "--tiled_mlp", "false"]) == (["--stage", "sft"], False)
+    assert pop_tiled_mlp(["--tiled_mlp=true"]) == ([], True)
+    assert pop_tiled_mlp({"stage": "sft"}) == ({"stage": "sft"}, False)
+
+
+def test_tiled_mlp_key_rejects_non_booleans():
+    with pytest.raises(ValueError, match="tiled_mlp must be true or false"):
+        pop_tiled_mlp({"tiled_mlp": 4})
+
+
+def test_tiled_mlp_refuses_plain_ddp_and_other_models(tmp_path):
+    from llamafactory_zebra.cli.init_cmd import write_random_model
+
+    zebra = write_random_model("tiny", tmp_path / "zebra")
+    with pytest.raises(ValueError, match="needs DeepSpeed"):
+        check_tiled_mlp_setup(
+            SimpleNamespace(model_name_or_path=str(zebra)), SimpleNamespace(world_size=2, deepspeed=None)
+        )
+    check_tiled_mlp_setup(
+        SimpleNamespace(model_name_or_path=str(zebra)), SimpleNamespace(world_size=2, deepspeed="ds.json")
+    )
+    with pytest.raises(ValueError, match="implemented for Zebra models"):
+        check_tiled_mlp_setup(
+            SimpleNamespace(model_name_or_path=str(tmp_path)), SimpleNamespace(world_size=1, deepspeed=None)
+        )
