@@ -48,27 +48,10 @@ def chunk_gated_delta_rule(
         fp64 inputs) or ``None``. Positional arguments stop after ``output_final_state``, where fla's
         and this signature's orders part ways.
     """
-    check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
-    fla = fla_ops(q, _FLA_GDN)
-    if fla is not None:
-        return fla.chunk_gated_delta_rule(
-            q=q,
-            k=k,
-            v=v,
-            g=g,
-            beta=beta,
-            scale=scale,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            cu_seqlens=None if cu_seqlens is None else cu_seqlens.to(torch.int64),
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        )
-    return chunk_gated_delta_rule_torch(
-        q,
-        k,
-        v,
-        g,
-        beta,
+    return _dispatch(
+        "chunk_gated_delta_rule",
+        chunk_gated_delta_rule_torch,
+        (q, k, v, g, beta),
         scale=scale,
         initial_state=initial_state,
         output_final_state=output_final_state,
@@ -94,30 +77,24 @@ def fused_recurrent_gated_delta_rule(
 
     fla's kernel has no backward; the PyTorch path is differentiable.
     """
-    check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
-    fla = fla_ops(q, _FLA_GDN)
-    if fla is not None:
-        return fla.fused_recurrent_gated_delta_rule(
-            q=q,
-            k=k,
-            v=v,
-            g=g,
-            beta=beta,
-            scale=scale,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            cu_seqlens=None if cu_seqlens is None else cu_seqlens.to(torch.int64),
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        )
-    return fused_recurrent_gated_delta_rule_torch(
-        q,
-        k,
-        v,
-        g,
-        beta,
+    return _dispatch(
+        "fused_recurrent_gated_delta_rule",
+        fused_recurrent_gated_delta_rule_torch,
+        (q, k, v, g, beta),
         scale=scale,
         initial_state=initial_state,
         output_final_state=output_final_state,
         cu_seqlens=cu_seqlens,
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
     )
+
+
+def _dispatch(fla_name, torch_function, inputs, *, cu_seqlens, **options):
+    """Check once, then fla's kernel of that name on a GPU (keywords only), the PyTorch function elsewhere."""
+    q, k, v, g, beta = inputs
+    check_gdn_inputs(q, k, v, g, beta, options["initial_state"], cu_seqlens)
+    fla = fla_ops(q, _FLA_GDN)
+    if fla is not None:
+        fla_cu_seqlens = None if cu_seqlens is None else cu_seqlens.to(torch.int64)
+        return getattr(fla, fla_name)(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=fla_cu_seqlens, **options)
+    return torch_function(q, k, v, g, beta, cu_seqlens=cu_seqlens, **options)
