@@ -12,10 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import signal
-import subprocess
-import sys
 import time
+
+from subprocess_points import run_point
 
 
 def measure(kind: str, length: int, vocab: int, hidden: int) -> dict:
@@ -58,16 +57,8 @@ def main() -> None:
     print("| T | fused peak MiB | full-logits peak MiB | memory ratio | fused s | full s | time ratio | |loss diff| |")
     print("|---|---|---|---|---|---|---|---|")
     for length in args.lengths:
-        results = {}
-        for kind in ("fused", "full"):
-            command = [sys.executable, __file__, "--point", kind, str(length)]
-            command += ["--vocab", str(args.vocab), "--hidden", str(args.hidden)]
-            run = subprocess.run(command, capture_output=True, text=True)
-            if run.returncode == -signal.SIGKILL:
-                results[kind] = None
-                continue
-            run.check_returncode()
-            results[kind] = json.loads(run.stdout.strip().splitlines()[-1])
+        arguments = [str(length), "--vocab", str(args.vocab), "--hidden", str(args.hidden)]
+        results = {kind: run_point(__file__, ["--point", kind, *arguments]) for kind in ("fused", "full")}
         f, b = results["fused"], results["full"]
         if b is None:
             print(f"| {length} | {f['peak_mib']:.0f} | killed (out of memory) | – | {f['seconds']:.2f} | – | – | – |")

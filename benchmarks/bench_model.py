@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import subprocess
-import sys
 import time
+
+from subprocess_points import run_point
 
 WIDTH = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "vocab_size": 1024}
 
@@ -71,12 +71,12 @@ def main() -> None:
     print("| T | Zebra tok/s | Qwen3 tok/s | speed ratio | Zebra peak MiB | Qwen3 peak MiB | memory ratio |")
     print("|---|---|---|---|---|---|---|")
     for length in args.lengths:
-        results = {}
-        for kind in ("zebra", "qwen3"):
-            command = [sys.executable, __file__, "--point", kind, str(length), "--steps", str(args.steps)]
-            command += ["--threads", str(args.threads)]
-            output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-            results[kind] = json.loads(output.strip().splitlines()[-1])
+        options = ["--steps", str(args.steps), "--threads", str(args.threads)]
+        results = {kind: run_point(__file__, ["--point", kind, str(length), *options]) for kind in ("zebra", "qwen3")}
+        if None in results.values():
+            killed = [kind for kind, result in results.items() if result is None]
+            print(f"| {length} | killed (out of memory): {', '.join(killed)} |||||")
+            continue
         z, q = results["zebra"], results["qwen3"]
         print(
             f"| {length} | {z['tokens_per_s']:.0f} | {q['tokens_per_s']:.0f} | {z['tokens_per_s'] / q['tokens_per_s']:.2f} "
