@@ -150,10 +150,13 @@ class GradioPage:
 
     def screenshot(self, path: Path, around: WebElement | None = None) -> Path:
         """The viewport, scrolled so that ``around`` sits in the middle of it."""
-        for close in self.visible("//button[contains(@class, 'toast-close')]"):
-            close.click()  # notifications of earlier steps would cover the page
-        if around is not None:
-            self.driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", around)
+        try:  # cosmetic: a toast may fade, or ``around`` be re-rendered, while we act on it
+            for close in self.visible("//button[contains(@class, 'toast-close')]"):
+                close.click()  # notifications of earlier steps would cover the page
+            if around is not None:
+                self.driver.execute_script("arguments[0].scrollIntoView({block: 'center'});", around)
+        except StaleElementReferenceException:
+            pass
         time.sleep(0.5)  # let Gradio finish re-laying out (and toasts fade) before the capture
         path.parent.mkdir(parents=True, exist_ok=True)
         self.driver.save_screenshot(str(path))
