@@ -15,31 +15,22 @@ from types import ModuleType
 from llamafactory_zebra_hook import DISABLE_ENV
 
 from .. import __version__
-from . import seams, sequence_parallel, webui
+from . import datasets, seams, sequence_parallel, webui
 
 _announced = False
-
-
-def _datasets(function_name: str) -> Callable[[ModuleType], None]:
-    def call(module: ModuleType) -> None:
-        from . import datasets
-
-        getattr(datasets, function_name)(module)
-
-    return call
 
 
 HANDLERS: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
     "llamafactory.extras.constants": (seams.register_model_groups,),
     "llamafactory.data.template": (seams.register_template,),
-    "llamafactory.data.converter": (_datasets("on_converter_module_loaded"),),
-    "llamafactory.data.parser": (_datasets("on_parser_module_loaded"),),
+    "llamafactory.data.converter": (datasets.on_converter_module_loaded,),
+    "llamafactory.data.parser": (datasets.on_parser_module_loaded,),
     "llamafactory.model.loader": (seams.patch_loader,),
     "llamafactory.model.patcher": (seams.patch_rope,),
     # Order matters: the SP wrapper goes on first (innermost), so the key leaves the arguments before
     # LLaMA-Factory parses them and the Zebra checks around it already see sequence_parallel_size.
     "llamafactory.hparams.parser": (sequence_parallel.patch_parser, seams.patch_train_args),
-    "llamafactory.webui.common": (_datasets("on_webui_common_loaded"),),
+    "llamafactory.webui.common": (datasets.on_webui_common_loaded,),
     "llamafactory.webui.interface": (webui.on_interface_loaded,),
     "llamafactory.webui.engine": (webui.on_engine_loaded,),
     "llamafactory.webui.runner": (webui.on_runner_loaded,),
