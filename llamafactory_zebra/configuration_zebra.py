@@ -14,7 +14,7 @@ import os
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
-from transformers import PreTrainedConfig, configuration_utils
+from transformers import PreTrainedConfig
 
 logger = logging.getLogger(__name__)
 
@@ -22,12 +22,11 @@ MLA = "mla"
 GDN = "gdn"
 LAYER_TYPES = (MLA, GDN)
 
-# transformers validates every config's layer_types against one module-level tuple, including where it
-# reads a checkpoint's config.json through the base class (Trainer's resume_from_checkpoint). Zebra's
-# layer names join that list, as a model type joins AutoConfig.
-configuration_utils.ALLOWED_LAYER_TYPES = tuple(
-    dict.fromkeys((*configuration_utils.ALLOWED_LAYER_TYPES, *LAYER_TYPES))
-)
+# MLA norm placements (see ``layers/mla.py``): Qwen3's per-head q/k norms, AMD's latent norms, or none.
+MLA_NORM_QK_HEAD = "qk_head"
+MLA_NORM_LORA = "lora"
+MLA_NORM_NONE = "none"
+MLA_NORMS = (MLA_NORM_QK_HEAD, MLA_NORM_LORA, MLA_NORM_NONE)
 
 RELEASED_HYBRID_CONFIG = "hybrid_config.json"
 
@@ -72,6 +71,17 @@ def _layer_types_from_mla_indices(mla_layers: Any, num_layers: int) -> list[str]
             f"(valid: 0..{num_layers - 1})"
         )
     return [MLA if i in set(mla_layers) else GDN for i in range(num_layers)]
+
+
+def _fail(field: str, message: str) -> None:
+    raise ValueError(f"ZebraConfig.{field}: {message}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+_ROPE_TYPES = ("default", "linear", "dynamic", "yarn")
 
 
 def _yarn(factor: float, original: int = 32768) -> dict[str, Any]:
@@ -135,12 +145,22 @@ class ZebraConfig(PreTrainedConfig):
 
     MLA layers use ``num_attention_heads`` query heads and ``num_key_value_heads`` key/value heads
     expanded from a ``kv_lora_rank`` latent, with RoPE on ``qk_rope_head_dim`` dims only (YaRN settings
-    in ``rope_parameters`` apply there). GDN layers carry no positions; their state is
-    ``gdn_num_heads × gdn_head_dim × gdn_head_dim·gdn_expand_v`` per sequence.
+    in ``rope_parameters`` apply there). ``rope_interleave`` rotates the channel pairs (2j, 2j+1) as AMD's
+    MLA code and DeepSeek-V3 do (``false``: Qwen3's half-split pairs (j, j+d/2)); ``mla_norm`` says which
+    RMSNorms the MLA layers carry (``layers/mla.py``). GDN layers carry no positions; their state is
+    ``gdn_num_heads × gdn_head_dim × gdn_head_dim·gdn_expand_v`` per sequence, and ``gdn_norm_eps`` is
+    the eps of their gated output norm: fla's ``GatedDeltaNet`` default (1e-5), which AMD's hybrids
+    instantiate — not Qwen3's ``rms_norm_eps`` (1e-6), which only the decoder norms use.
+
+    The layer plan is stored as ``layers_block_type`` (read and written as ``layer_types`` through
+    ``attribute_map``, as transformers' Nemotron-H does): transformers checks any ``layer_types`` entry of
+    a config.json against its own fixed list of names — also where it reads a checkpoint's config through
+    the base class (Trainer's ``resume_from_checkpoint``) — and "mla"/"gdn" are not on it.
     ``head_dim`` is set to ``qk_rope_head_dim`` because transformers' RoPE initialisers read it.
     """
 
     model_type = "zebra"
+    attribute_map = {"layer_types": "layers_block_type"}
     keys_to_ignore_at_inference = ["past_key_values"]
     base_model_pp_plan = {
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),
@@ -152,7 +172,7 @@ class ZebraConfig(PreTrainedConfig):
     hidden_size: int = 2048
     intermediate_size: int = 6144
     num_hidden_layers: int = 28
-    layer_types: list[str] | None = None
+    layers_block_type: list[str] | None = None
     num_attention_heads: int = 16
     num_key_value_heads: int = 8
     q_lora_rank: int | None = 1344
@@ -160,10 +180,13 @@ class ZebraConfig(PreTrainedConfig):
     qk_nope_head_dim: int = 64
     qk_rope_head_dim: int = 64
     v_head_dim: int = 128
+    rope_interleave: bool = True
+    mla_norm: str = MLA_NORM_QK_HEAD
     gdn_num_heads: int = 6
     gdn_head_dim: int = 256
     gdn_expand_v: int = 2
     gdn_conv_size: int = 4
+    gdn_norm_eps: float = 1e-5
     hidden_act: str = "silu"
     max_position_embeddings: int = 32768
     initializer_range: float = 0.02
@@ -178,9 +201,12 @@ class ZebraConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = 151645
 
     def __post_init__(self, **kwargs):
+        layer_types = kwargs.pop("layer_types", None)
         mla_layers = kwargs.pop("mla_layers", None)
         if mla_layers is not None:
-            self.layer_types = _layer_types_from_mla_indices(mla_layers, self.num_hidden_layers)
+            layer_types = _layer_types_from_mla_indices(mla_layers, self.num_hidden_layers)
+        if layer_types is not None:
+            self.layer_types = list(layer_types) if isinstance(layer_types, tuple) else layer_types
         if self.layer_types is None:
             self.layer_types = _every_fourth_from_one(self.num_hidden_layers)
         if self.rope_parameters is None and "rope_scaling" not in kwargs:
@@ -188,7 +214,6 @@ class ZebraConfig(PreTrainedConfig):
         self.qk_head_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
         self.head_dim = self.qk_rope_head_dim
         super().__post_init__(**kwargs)
-        self._validate_zebra()
 
     @property
     def mla_layers(self) -> list[int]:
@@ -203,13 +228,16 @@ class ZebraConfig(PreTrainedConfig):
         return self.gdn_head_dim * self.gdn_expand_v
 
     @property
+    def mla_cache_channels(self) -> int:
+        """Values an MLA layer caches per token: latent + rope key (+ the rope energy for ``qk_head``)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim + (self.mla_norm == MLA_NORM_QK_HEAD)
+
+    @property
     def num_key_value_groups(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
-    def _validate_zebra(self) -> None:
-        def fail(field: str, message: str) -> None:
-            raise ValueError(f"ZebraConfig.{field}: {message}")
-
+    def validate_architecture(self) -> None:
+        """Part of ``@strict``'s validation (types are checked there): sizes that must be positive or fit."""
         for field in (
             "vocab_size",
             "hidden_size",
@@ -226,60 +254,60 @@ class ZebraConfig(PreTrainedConfig):
             "gdn_expand_v",
             "gdn_conv_size",
         ):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                fail(field, f"must be a positive integer, got {value!r}")
-        if self.q_lora_rank is not None and (not isinstance(self.q_lora_rank, int) or self.q_lora_rank <= 0):
-            fail("q_lora_rank", f"must be a positive integer or null, got {self.q_lora_rank!r}")
-        if not isinstance(self.layer_types, list | tuple):
-            fail("layer_types", f"must be a list of {LAYER_TYPES}, got {self.layer_types!r}")
-        self.layer_types = list(self.layer_types)
+            if getattr(self, field) <= 0:
+                _fail(field, f"must be a positive integer, got {getattr(self, field)!r}")
+        if self.q_lora_rank is not None and self.q_lora_rank <= 0:
+            _fail("q_lora_rank", f"must be a positive integer or null, got {self.q_lora_rank!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            _fail(
+                "num_key_value_heads",
+                f"{self.num_key_value_heads} does not divide num_attention_heads={self.num_attention_heads}",
+            )
+        if self.qk_rope_head_dim % 2:
+            _fail("qk_rope_head_dim", f"must be even for rotary embeddings, got {self.qk_rope_head_dim}")
+        if self.gdn_conv_size < 2:
+            _fail("gdn_conv_size", f"must be at least 2, got {self.gdn_conv_size}")
+        if self.mla_norm not in MLA_NORMS:
+            _fail("mla_norm", f"{self.mla_norm!r} is not one of {MLA_NORMS}")
+        for field in ("rms_norm_eps", "gdn_norm_eps"):
+            if not getattr(self, field) > 0:
+                _fail(field, f"must be a positive number, got {getattr(self, field)!r}")
+
+    def validate_layer_type(self) -> None:
+        """Zebra's own layer names (replaces transformers' check against its fixed list of attention kinds)."""
+        if not isinstance(self.layer_types, list):
+            _fail("layer_types", f"must be a list of {LAYER_TYPES}, got {self.layer_types!r}")
         if len(self.layer_types) != self.num_hidden_layers:
-            fail(
+            _fail(
                 "layer_types",
                 f"has {len(self.layer_types)} entries but num_hidden_layers is {self.num_hidden_layers}",
             )
         for index, layer_type in enumerate(self.layer_types):
             if layer_type not in LAYER_TYPES:
-                fail("layer_types", f"entry {index} is {layer_type!r}; each entry must be one of {LAYER_TYPES}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            fail(
-                "num_key_value_heads",
-                f"{self.num_key_value_heads} does not divide num_attention_heads={self.num_attention_heads}",
-            )
-        if self.qk_rope_head_dim % 2:
-            fail("qk_rope_head_dim", f"must be even for rotary embeddings, got {self.qk_rope_head_dim}")
-        if self.gdn_conv_size < 2:
-            fail("gdn_conv_size", f"must be at least 2, got {self.gdn_conv_size}")
-        self._validate_rope()
+                _fail("layer_types", f"entry {index} is {layer_type!r}; each entry must be one of {LAYER_TYPES}")
 
-    def _validate_rope(self) -> None:
+    def validate_rope(self) -> None:
+        """The values transformers' rope checks only warn about are errors here; its key checks still run."""
         rope = self.rope_parameters
         field = "rope_parameters (rope_scaling)"
-        if not isinstance(rope, dict):
-            raise ValueError(f"ZebraConfig.{field}: must be a dict, got {rope!r}")
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        known = ("default", "linear", "dynamic", "yarn")
-        if rope_type not in known:
-            raise ValueError(f"ZebraConfig.{field}: rope_type {rope_type!r} is not one of {known}")
-        theta = rope.get("rope_theta")
-        if not isinstance(theta, int | float) or isinstance(theta, bool) or theta <= 0:
-            raise ValueError(f"ZebraConfig.{field}: rope_theta must be a positive number, got {theta!r}")
-        if rope_type != "default":
-            factor = rope.get("factor")
-            if not isinstance(factor, int | float) or isinstance(factor, bool) or factor < 1:
-                raise ValueError(f"ZebraConfig.{field}: factor must be a number >= 1 for {rope_type}, got {factor!r}")
+        if rope_type not in _ROPE_TYPES:
+            _fail(field, f"rope_type {rope_type!r} is not one of {_ROPE_TYPES}")
+        if not _is_number(rope.get("rope_theta")) or rope["rope_theta"] <= 0:
+            _fail(field, f"rope_theta must be a positive number, got {rope.get('rope_theta')!r}")
+        if rope_type != "default" and (not _is_number(rope.get("factor")) or rope["factor"] < 1):
+            _fail(field, f"factor must be a number >= 1 for {rope_type}, got {rope.get('factor')!r}")
         if rope_type == "yarn":
             original = rope.get("original_max_position_embeddings")
             if not isinstance(original, int) or isinstance(original, bool) or original <= 0:
-                raise ValueError(
-                    f"ZebraConfig.{field}: yarn needs a positive integer original_max_position_embeddings, "
-                    f"got {original!r}"
-                )
+                _fail(field, f"yarn needs a positive integer original_max_position_embeddings, got {original!r}")
             for key in ("mscale", "mscale_all_dim", "beta_fast", "beta_slow", "attention_factor"):
-                value = rope.get(key)
-                if value is not None and (not isinstance(value, int | float) or isinstance(value, bool)):
-                    raise ValueError(f"ZebraConfig.{field}: {key} must be a number, got {value!r}")
+                if rope.get(key) is not None and not _is_number(rope[key]):
+                    _fail(field, f"{key} must be a number, got {rope[key]!r}")
+        try:
+            super().validate_rope()
+        except KeyError as error:
+            _fail(field, str(error.args[0]))
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ZebraConfig:

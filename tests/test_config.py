@@ -2,6 +2,7 @@ import json
 
 import pytest
 import torch
+from huggingface_hub.errors import StrictDataclassError
 
 from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
 from llamafactory_zebra.configuration_zebra import PRESETS
@@ -43,7 +44,7 @@ def test_state_dict_keys_follow_the_released_layout():
     with torch.device("meta"):
         model = ZebraForCausalLM(ZebraConfig.from_preset("qwen3-1.7b-7mla21gdn-1m"))
     keys = set(model.state_dict())
-    mla = {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "out_proj"}
+    mla = {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "q_norm", "k_norm", "kv_b_proj", "out_proj"}
     gdn = {"q_proj", "k_proj", "v_proj", "a_proj", "b_proj", "g_proj", "o_norm", "o_proj"}
     gdn |= {"q_conv1d", "k_conv1d", "v_conv1d"}
     for i in range(28):
@@ -104,7 +105,8 @@ def test_unknown_preset_lists_the_known_ones():
     ],
 )
 def test_invalid_configs_name_the_field(overrides, field):
-    with pytest.raises(ValueError, match=f"ZebraConfig.{field}"):
+    # Checks that run in @strict's validate_* hooks reach the caller wrapped in its error, message intact.
+    with pytest.raises((ValueError, StrictDataclassError), match=f"ZebraConfig.{field}"):
         ZebraConfig.from_preset("tiny", **overrides)
 
 
@@ -132,4 +134,6 @@ def test_base_config_class_accepts_a_zebra_config_json(tmp_path):
     from transformers import PreTrainedConfig
 
     ZebraConfig.from_preset("tiny").save_pretrained(tmp_path)
-    assert PreTrainedConfig.from_json_file(str(tmp_path / "config.json")).layer_types == ["gdn", "mla", "gdn", "gdn"]
+    # The plan is stored as layers_block_type (see ZebraConfig's docstring); the base class reads it as-is.
+    config = PreTrainedConfig.from_json_file(str(tmp_path / "config.json"))
+    assert config.layers_block_type == ["gdn", "mla", "gdn", "gdn"]

@@ -12,6 +12,8 @@ import json
 import sys
 from typing import Any
 
+from huggingface_hub.errors import StrictDataclassError
+
 from ..planning.activations import activation_estimate
 from ..planning.hardware import GIB, GPUS, gpu_memory_bytes
 from ..planning.plan import MemoryPlan, TrainingSetup, cheapest_fix, make_plan
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         memory, label = gpu_memory_bytes(args.gpu_type, args.gpu_memory)
         setup = setup_from_yaml(args.train_yaml, args.gpus, memory, label, args.sp)
         plan = make_plan(setup)
-    except ValueError as error:
+    except (ValueError, StrictDataclassError) as error:
         print(f"llamafactory-zebra plan: {error}", file=sys.stderr)
         return EXIT_INVALID
     fix = None if plan.fits else cheapest_fix(setup)

@@ -83,7 +83,7 @@ class ZebraGatedDeltaNet(nn.Module):
         self.k_conv1d = ZebraShortConv(self.key_dim, config.gdn_conv_size)
         self.v_conv1d = ZebraShortConv(self.value_dim, config.gdn_conv_size)
         self.g_proj = nn.Linear(hidden, self.value_dim, bias=False)
-        self.o_norm = ZebraGatedRMSNorm(self.head_v_dim, eps=config.rms_norm_eps)
+        self.o_norm = ZebraGatedRMSNorm(self.head_v_dim, eps=config.gdn_norm_eps)
         self.o_proj = nn.Linear(self.value_dim, hidden, bias=False)
         with torch.no_grad():
             A_log, dt_bias = gdn_decay_init(self.num_heads)

@@ -1,11 +1,33 @@
 """Multi-head Latent Attention as the released Zebra MLA layers lay it out.
 
-Queries go through a low-rank pair (``q_a_proj`` → ``q_b_proj``, no norm in between); keys and values
-come from one compressed latent (``kv_a_proj_with_mqa`` → ``kv_a_layernorm`` → ``kv_b_proj``) expanded
-to ``num_key_value_heads`` heads that each serve ``num_attention_heads / num_key_value_heads`` query
-heads. RoPE touches only the last ``qk_rope_head_dim`` dims of each q/k head, and the rope part of K
-is one vector shared by every head. The decode cache keeps the latent and the rope key — not the
-expanded K/V — which is the memory saving the architecture exists for.
+Queries go through a low-rank pair (``q_a_proj`` → ``q_b_proj``); keys and values come from one
+compressed latent (``kv_a_proj_with_mqa`` → ``kv_b_proj``) expanded to ``num_key_value_heads`` heads that
+each serve ``num_attention_heads / num_key_value_heads`` query heads. RoPE touches only the last
+``qk_rope_head_dim`` dims of each q/k head, and the rope part of K is one vector shared by every head.
+The decode cache keeps the latent and the rope key — not the expanded K/V — which is the memory saving
+the architecture exists for.
+
+RoPE pairs (``config.rope_interleave``): AMD's MLA code, like DeepSeek-V3 with ``rope_interleave: true``,
+rotates channel pairs (2j, 2j+1): it de-interleaves the rope dims (``view(d/2, 2).transpose``) and then
+applies the half-split rotation, so rotated q and k rope dims come out in de-interleaved order (q·k is
+unchanged, both are treated alike). ``rope_interleave: false`` is Qwen3's half-split (j, j+d/2) on the
+stored order. The two are one model up to the row permutation [0, 2, …, d-2, 1, 3, …, d-1] of the
+rope rows (``tests/test_mla_conventions.py``).
+
+Where the norms sit (``config.mla_norm``):
+
+- ``qk_head`` (Qwen3's ``q_norm``/``k_norm``, RMSNorm over each ``qk_head_dim`` = nope + rope head):
+  ``q_norm`` on each query head right after ``q_b_proj``, before the nope/rope split and RoPE;
+  ``k_norm`` on each key head ``[k_nope_h; k_pe]`` before RoPE. The cache stays un-normalised and the
+  key norm is applied after expansion: per token it holds the raw latent, and as "rope key" the rotated
+  ``k_norm.weight[nope:] ⊙ k_pe`` followed by one extra channel, ``Σ k_pe²`` — the per-head RMS needs
+  the rope part's energy (rotation-invariant) and the weight must act before the rotation, which a
+  cached rotated key no longer allows. ``expand`` then forms ``rms_h = sqrt((Σ k_nope_h² + Σ k_pe²) /
+  qk_head_dim + eps)`` and returns ``[k_nope_h ⊙ w_nope; rope] / rms_h``. An absorbed-matrix decode
+  must apply the same per-head ``1 / rms_h`` to the key (it depends on ``k_nope_h = W_uk_h · latent``).
+- ``lora`` (AMD's ``use_lora_layer_norm``): ``q_a_layernorm`` between ``q_a_proj`` and ``q_b_proj``;
+  ``kv_a_layernorm`` on the latent before caching (the cache holds the normalised latent).
+- ``none``: no norm in the mixer (the Llama-based HyLo models).
 
 Attention itself goes through transformers' attention interface, so ``eager``, ``sdpa`` and
 ``flash_attention_2`` (with its varlen path for packed sequences) all work unchanged.
@@ -20,7 +42,7 @@ from torch import nn
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..configuration_zebra import ZebraConfig
+from ..configuration_zebra import MLA_NORM_LORA, MLA_NORM_QK_HEAD, ZebraConfig
 from .norms import ZebraRMSNorm
 
 
@@ -29,10 +51,22 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` ``[B, heads, T, D]`` by ``cos``/``sin`` ``[B, T, D]`` (Qwen3's half-split convention)."""
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool = False) -> torch.Tensor:
+    """Rotate ``x`` ``[B, heads, T, D]`` by ``cos``/``sin`` ``[B, T, D]``.
+
+    ``interleave``: pairs (2j, 2j+1), returned de-interleaved (DeepSeek-V3's / AMD's convention);
+    otherwise Qwen3's half-split pairs (j, j+D/2).
+    """
+    if interleave:
+        *lead, dim = x.shape
+        x = x.view(*lead, dim // 2, 2).transpose(-1, -2).reshape(*lead, dim)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return (x * cos + rotate_half(x) * sin).to(x.dtype)
+
+
+def interleaved_to_half_split(dim: int) -> list[int]:
+    """Row order [0, 2, …, dim-2, 1, 3, …, dim-1]: interleaved rope rows as half-split ones."""
+    return [*range(0, dim, 2), *range(1, dim, 2)]
 
 
 def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -92,43 +126,87 @@ class ZebraMLA(nn.Module):
         self.qk_rope_head_dim = config.qk_rope_head_dim
         self.qk_head_dim = config.qk_head_dim
         self.v_head_dim = config.v_head_dim
+        self.rope_interleave = config.rope_interleave
+        self.mla_norm = config.mla_norm
         self.attention_dropout = config.attention_dropout
         self.is_causal = True
         self.scaling = self.qk_head_dim**-0.5 * yarn_softmax_mscale(config)
 
-        bias = config.attention_bias
+        bias, eps = config.attention_bias, config.rms_norm_eps
         if config.q_lora_rank is None:
             self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.qk_head_dim, bias=bias)
         else:
             self.q_a_proj = nn.Linear(config.hidden_size, config.q_lora_rank, bias=bias)
+            if self.mla_norm == MLA_NORM_LORA:
+                self.q_a_layernorm = ZebraRMSNorm(config.q_lora_rank, eps=eps)
             self.q_b_proj = nn.Linear(config.q_lora_rank, self.num_heads * self.qk_head_dim, bias=False)
         self.kv_a_proj_with_mqa = nn.Linear(config.hidden_size, self.kv_lora_rank + self.qk_rope_head_dim, bias=bias)
-        self.kv_a_layernorm = ZebraRMSNorm(self.kv_lora_rank, eps=config.rms_norm_eps)
+        if self.mla_norm == MLA_NORM_LORA:
+            self.kv_a_layernorm = ZebraRMSNorm(self.kv_lora_rank, eps=eps)
         self.kv_b_proj = nn.Linear(
             self.kv_lora_rank, self.num_key_value_heads * (self.qk_nope_head_dim + self.v_head_dim), bias=False
         )
         self.out_proj = nn.Linear(self.num_heads * self.v_head_dim, config.hidden_size, bias=bias)
+        if self.mla_norm == MLA_NORM_QK_HEAD:
+            self.q_norm = ZebraRMSNorm(self.qk_head_dim, eps=eps)
+            self.k_norm = ZebraRMSNorm(self.qk_head_dim, eps=eps)
 
     def project_queries(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Queries ``[B, heads, T, qk_head_dim]`` before RoPE (``q_norm`` applied for ``qk_head``)."""
+        batch, length, _ = hidden_states.shape
         if self.config.q_lora_rank is None:
-            return self.q_proj(hidden_states)
-        return self.q_b_proj(self.q_a_proj(hidden_states))
+            query = self.q_proj(hidden_states)
+        else:
+            query = self.q_a_proj(hidden_states)
+            if self.mla_norm == MLA_NORM_LORA:
+                query = self.q_a_layernorm(query)
+            query = self.q_b_proj(query)
+        query = query.view(batch, length, self.num_heads, self.qk_head_dim)
+        if self.mla_norm == MLA_NORM_QK_HEAD:
+            query = self.q_norm(query)
+        return query.transpose(1, 2)
 
     def compress(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The per-token cache entry: normalised latent ``[B, 1, T, r]`` and un-rotated rope key ``[B, 1, T, d]``."""
+        """Latent ``[B, 1, T, r]`` (``kv_a_layernorm`` applied for ``lora``) and un-rotated rope key ``[B, 1, T, d]``."""
         compressed = self.kv_a_proj_with_mqa(hidden_states)
         latent, rope_key = compressed.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
-        return self.kv_a_layernorm(latent).unsqueeze(1), rope_key.unsqueeze(1)
+        if self.mla_norm == MLA_NORM_LORA:
+            latent = self.kv_a_layernorm(latent)
+        return latent.unsqueeze(1), rope_key.unsqueeze(1)
 
-    def expand(self, latent: torch.Tensor, rope_key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Latent ``[B, 1, S, r]`` and rotated rope key ``[B, 1, S, d]`` → keys and values ``[B, kv_heads, S, ·]``."""
+    def cache_entry(
+        self, latent: torch.Tensor, rope_key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What the decode cache holds per token: the latent and the rotated rope key.
+
+        For ``qk_head`` the rope key is ``k_norm``'s rope weights times ``k_pe``, rotated, plus one channel
+        with ``Σ k_pe²`` (see the module docstring).
+        """
+        if self.mla_norm != MLA_NORM_QK_HEAD:
+            return latent, apply_rotary(rope_key, cos, sin, self.rope_interleave)
+        energy = rope_key.to(torch.promote_types(rope_key.dtype, torch.float32)).pow(2).sum(-1, keepdim=True)
+        weighted = rope_key * self.k_norm.weight[self.qk_nope_head_dim :]
+        rotated = apply_rotary(weighted, cos, sin, self.rope_interleave)
+        return latent, torch.cat((rotated, energy.to(rotated.dtype)), dim=-1)
+
+    def expand(self, latent: torch.Tensor, rope_entry: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cached latent ``[B, 1, S, r]`` and rope entry ``[B, 1, S, ·]`` → keys and values ``[B, kv_heads, S, ·]``."""
         batch, _, length, _ = latent.shape
         kv = self.kv_b_proj(latent.squeeze(1)).view(
             batch, length, self.num_key_value_heads, self.qk_nope_head_dim + self.v_head_dim
         )
         key_nope, value = kv.transpose(1, 2).split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
-        key = torch.cat((key_nope, rope_key.expand(-1, self.num_key_value_heads, -1, -1)), dim=-1)
-        return key, value
+        rope_key = rope_entry
+        if self.mla_norm == MLA_NORM_QK_HEAD:
+            rope_key, rope_energy = rope_entry.split([self.qk_rope_head_dim, 1], dim=-1)
+            compute = torch.promote_types(key_nope.dtype, torch.float32)
+            variance = (key_nope.to(compute).pow(2).sum(-1, keepdim=True) + rope_energy.to(compute)) / self.qk_head_dim
+            inverse_rms = torch.rsqrt(variance + self.k_norm.variance_epsilon)
+            key_nope = self.k_norm.weight[: self.qk_nope_head_dim] * (key_nope * inverse_rms).to(key_nope.dtype)
+            rope_key = (rope_key * inverse_rms).to(key_nope.dtype)
+        else:
+            rope_key = rope_key.expand(-1, self.num_key_value_heads, -1, -1)
+        return torch.cat((key_nope, rope_key), dim=-1), value
 
     def forward(
         self,
@@ -142,15 +220,15 @@ class ZebraMLA(nn.Module):
         cos, sin = position_embeddings
         sp_context = kwargs.pop("sp_context", None)
 
-        query = self.project_queries(hidden_states).view(batch, length, self.num_heads, self.qk_head_dim)
-        query_nope, query_rope = query.transpose(1, 2).split([self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
-        query = torch.cat((query_nope, apply_rotary(query_rope, cos, sin)), dim=-1)
+        query_nope, query_rope = self.project_queries(hidden_states).split(
+            [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1
+        )
+        query = torch.cat((query_nope, apply_rotary(query_rope, cos, sin, self.rope_interleave)), dim=-1)
 
-        latent, rope_key = self.compress(hidden_states)
-        rope_key = apply_rotary(rope_key, cos, sin)
+        latent, rope_entry = self.cache_entry(*self.compress(hidden_states), cos, sin)
         if past_key_values is not None:
-            latent, rope_key = past_key_values.update(latent, rope_key, self.layer_idx)
-        key, value = self.expand(latent, rope_key)
+            latent, rope_entry = past_key_values.update(latent, rope_entry, self.layer_idx)
+        key, value = self.expand(latent, rope_entry)
 
         attention_interface: Callable = eager_attention_forward
         if self.config._attn_implementation not in (None, "eager"):

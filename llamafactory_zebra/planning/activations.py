@@ -315,7 +315,7 @@ def activation_estimate(
 def inference_cache_bytes(
     config: ZebraConfig, tokens: int, sequences: int = 1, act_bytes: int = 2
 ) -> dict[str, float]:
-    """Decode-cache bytes: MLA keeps the normalised latent and rope key per token; GDN a fixed state.
+    """Decode-cache bytes: MLA keeps ``config.mla_cache_channels`` values per token; GDN a fixed state.
 
     The GDN state per sequence and layer is the fp32 ``[H, dk, dv]`` recurrence plus the q/k/v
     convolution windows (``[D, W]`` each, fla's layout, in the activation dtype).
@@ -323,7 +323,7 @@ def inference_cache_bytes(
     d = _dims(config, act_bytes)
     mla_layers = config.layer_types.count(MLA)
     gdn_layers = config.layer_types.count(GDN)
-    latent = mla_layers * (d.kv_rank + d.rope) * act_bytes * tokens * sequences
+    latent = mla_layers * config.mla_cache_channels * act_bytes * tokens * sequences
     recurrent = FP32 * d.gdn_heads * d.dk * d.dv
     windows = (2 * d.key_dim + d.value_dim) * d.conv * act_bytes
     return {"mla latent cache": latent, "gdn state": gdn_layers * (recurrent + windows) * sequences}

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..configuration_zebra import MLA, ZebraConfig
+from ..configuration_zebra import MLA, MLA_NORM_LORA, MLA_NORM_QK_HEAD, ZebraConfig
 
 
 @dataclass(frozen=True)
@@ -40,18 +40,24 @@ def _linear(name: str, n_in: int, n_out: int) -> ModuleParams:
 def _mla_modules(prefix: str, c: ZebraConfig) -> list[ModuleParams]:
     h, heads, kv_heads = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
     qk_head = c.qk_nope_head_dim + c.qk_rope_head_dim
+    lora_norms = c.mla_norm == MLA_NORM_LORA
     if c.q_lora_rank is None:
         queries = [_linear(f"{prefix}.q_proj", h, heads * qk_head)]
     else:
         queries = [
             _linear(f"{prefix}.q_a_proj", h, c.q_lora_rank),
+            *([ModuleParams(f"{prefix}.q_a_layernorm", c.q_lora_rank)] if lora_norms else []),
             _linear(f"{prefix}.q_b_proj", c.q_lora_rank, heads * qk_head),
         ]
+    norms = []
+    if c.mla_norm == MLA_NORM_QK_HEAD:
+        norms = [ModuleParams(f"{prefix}.q_norm", qk_head), ModuleParams(f"{prefix}.k_norm", qk_head)]
     return queries + [
         _linear(f"{prefix}.kv_a_proj_with_mqa", h, c.kv_lora_rank + c.qk_rope_head_dim),
-        ModuleParams(f"{prefix}.kv_a_layernorm", c.kv_lora_rank),
+        *([ModuleParams(f"{prefix}.kv_a_layernorm", c.kv_lora_rank)] if lora_norms else []),
         _linear(f"{prefix}.kv_b_proj", c.kv_lora_rank, kv_heads * (c.qk_nope_head_dim + c.v_head_dim)),
         _linear(f"{prefix}.out_proj", heads * c.v_head_dim, h),
+        *norms,
     ]
 
 

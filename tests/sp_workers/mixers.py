@@ -122,4 +122,11 @@ def mixers_worker(rank: int, world: int) -> dict[str, float]:
         keep_worst(_mla_errors(mla, mla_config, layout, packed_segments(rows)))
         # One sample per row: sdpa runs with its causal flag instead of a mask.
         keep_worst(_mla_errors(mla, mla_config, layout, packed_segments([[local * world]] * 2)))
+    # Every RoPE pairing and MLA norm placement (tiny's default is interleaved + qk_head, covered above).
+    local, rows = LAYOUTS[world][0]
+    for interleave, norm in ((True, "lora"), (True, "none"), (False, "qk_head"), (False, "lora"), (False, "none")):
+        mla_config = ZebraConfig.from_preset("tiny", rope_interleave=interleave, mla_norm=norm)
+        mla_config._attn_implementation = "sdpa"
+        mla = ZebraMLA(mla_config, layer_idx=0).double()
+        keep_worst(_mla_errors(mla, mla_config, layout, packed_segments(rows)))
     return results
