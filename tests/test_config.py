@@ -137,3 +137,39 @@ def test_base_config_class_accepts_a_zebra_config_json(tmp_path):
     # The plan is stored as layers_block_type (see ZebraConfig's docstring); the base class reads it as-is.
     config = PreTrainedConfig.from_json_file(str(tmp_path / "config.json"))
     assert config.layers_block_type == ["gdn", "mla", "gdn", "gdn"]
+
+
+GLOBALS_PROBE = """
+import json, sys
+import transformers.configuration_utils as configuration_utils
+import transformers.modeling_rope_utils as modeling_rope_utils
+
+def snapshot():
+    return {
+        module.__name__ + "." + name: repr(value)
+        for module in (configuration_utils, modeling_rope_utils)
+        for name, value in vars(module).items()
+        if not name.startswith("__") and isinstance(value, (tuple, list, dict, set, frozenset, str, int, float))
+    }
+
+before = snapshot()
+import llamafactory_zebra
+llamafactory_zebra.ZebraConfig.from_preset("tiny")
+after = snapshot()
+print(json.dumps({key: [before.get(key), after.get(key)] for key in before.keys() | after.keys()
+                  if before.get(key) != after.get(key)}))
+"""
+
+
+def test_importing_the_plugin_leaves_transformers_module_globals_alone():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", GLOBALS_PROBE], capture_output=True, text=True, check=True)
+    changed = json.loads(result.stdout.strip().splitlines()[-1])
+    assert changed == {}
+    from transformers import configuration_utils
+
+    assert (
+        "mla" not in configuration_utils.ALLOWED_LAYER_TYPES and "gdn" not in configuration_utils.ALLOWED_LAYER_TYPES
+    )
