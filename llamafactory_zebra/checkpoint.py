@@ -14,7 +14,14 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-from .configuration_zebra import RELEASED_HYBRID_CONFIG, ZebraConfig, load_released_config
+from .configuration_zebra import (
+    MLA_NORM_LORA,
+    MLA_NORM_QK_HEAD,
+    MLA_NORMS,
+    RELEASED_HYBRID_CONFIG,
+    ZebraConfig,
+    load_released_config,
+)
 
 # Files copied verbatim from a released directory into a native one (when present).
 TOKENIZER_AND_GENERATION_FILES = (
@@ -52,6 +59,51 @@ def checkpoint_keys(path: str | Path) -> set[str]:
         with safe_open(str(file), framework="pt") as handle:
             keys.update(handle.keys())
     return keys
+
+
+def mla_norm_keys(config: ZebraConfig, mla_norm: str) -> set[str]:
+    """The norm weights of one MLA layer (names below ``model.layers.{i}.mla.``) for a placement."""
+    if mla_norm == MLA_NORM_QK_HEAD:
+        return {"q_norm.weight", "k_norm.weight"}
+    if mla_norm == MLA_NORM_LORA:
+        return {"kv_a_layernorm.weight"} | ({"q_a_layernorm.weight"} if config.q_lora_rank is not None else set())
+    return set()
+
+
+def detect_mla_norm(path: str | Path, config: ZebraConfig) -> str | None:
+    """Which ``mla_norm`` the weights in ``path`` were saved with (``None`` when there are no weights).
+
+    Every MLA layer must carry the same projections as ``config`` plus exactly one placement's norms;
+    anything else is an error listing the expected and the found MLA keys.
+    """
+    if not list(Path(path).glob("*.safetensors")) or not config.mla_layers:
+        return None
+    keys = checkpoint_keys(path)
+    expected = {norm: _mla_keys(config, norm) for norm in MLA_NORMS}
+    placements = set()
+    for index in config.mla_layers:
+        prefix = f"model.layers.{index}.mla."
+        found = {key[len(prefix) :] for key in keys if key.startswith(prefix)}
+        matches = [norm for norm, names in expected.items() if names == found]
+        if not matches:
+            options = "; ".join(f"mla_norm {norm!r}: {', '.join(sorted(names))}" for norm, names in expected.items())
+            raise ValueError(
+                f"{path}: the MLA keys of layer {index} fit no known layout.\n"
+                f"  found: {', '.join(sorted(found)) or '(none)'}\n  expected one of — {options}"
+            )
+        placements.add(matches[0])
+    if len(placements) > 1:
+        raise ValueError(f"{path}: the MLA layers carry different norms ({', '.join(sorted(placements))})")
+    return placements.pop()
+
+
+def _mla_keys(config: ZebraConfig, mla_norm: str) -> set[str]:
+    projections = ["kv_a_proj_with_mqa", "out_proj"] + (["q_proj"] if config.q_lora_rank is None else ["q_a_proj"])
+    names = {f"{name}.weight" for name in projections}
+    if config.attention_bias:
+        names |= {f"{name}.bias" for name in projections}
+    names |= {"kv_b_proj.weight"} | ({"q_b_proj.weight"} if config.q_lora_rank is not None else set())
+    return names | mla_norm_keys(config, mla_norm)
 
 
 def verify_keys(found: set[str], expected: set[str], where: str) -> None:

@@ -330,7 +330,7 @@ class ZebraConfig(PreTrainedConfig):
         if is_released_layout(path):
             for key in [k for k in kwargs if k.startswith("_") or k in _HUB_LOADING_KWARGS]:
                 kwargs.pop(key)
-            result = cls.from_dict(released_layout_to_kwargs(*_read_released_files(path)), **kwargs)
+            result = cls.from_dict(released_directory_kwargs(path), **kwargs)
             config = result[0] if isinstance(result, tuple) else result
             config._name_or_path = path
             return result
@@ -378,18 +378,34 @@ _QWEN3_FIELDS = (
     "max_position_embeddings",
     "initializer_range",
     "rms_norm_eps",
-    "tie_word_embeddings",
     "bos_token_id",
     "eos_token_id",
     "pad_token_id",
     "attention_bias",
     "attention_dropout",
 )
-# hybrid_config.json keys that describe the recipe rather than the architecture.
-_HYBRID_IGNORED = {"linear_type", "mla_layers", "rope_scaling", "rope_theta", "model_type", "architectures"}
+# hybrid_config.json keys that describe the recipe rather than the architecture, or are read explicitly.
+_HYBRID_IGNORED = {
+    "linear_type",
+    "mla_layers",
+    "rope_scaling",
+    "rope_theta",
+    "model_type",
+    "architectures",
+    "use_lora_layer_norm",
+    "use_full_kv_head",
+}
 
 
 def released_layout_to_kwargs(base_config: dict[str, Any], hybrid_config: dict[str, Any]) -> dict[str, Any]:
+    """ZebraConfig keyword arguments for AMD's layout (files only; ``released_directory_kwargs`` also reads
+    the weights' key names for the MLA norm placement).
+
+    AMD's code decides some things the files do not say: RoPE rotates interleaved pairs
+    (``rope_interleave: true``), the head is untied whatever Qwen3's ``tie_word_embeddings`` says (the
+    published parameter counts need it), and with YaRN the context is ``original × factor`` (the
+    ``max_position_embeddings`` in the files is Qwen3's 40960).
+    """
     if hybrid_config.get("linear_type", "gdn") != "gdn":
         raise ValueError(
             f"{RELEASED_HYBRID_CONFIG}: linear_type {hybrid_config['linear_type']!r} is not supported; "
@@ -409,9 +425,15 @@ def released_layout_to_kwargs(base_config: dict[str, Any], hybrid_config: dict[s
         kwargs["dtype"] = base_config.get("dtype", base_config.get("torch_dtype"))
     kwargs["num_hidden_layers"] = num_layers
     kwargs["layer_types"] = layer_types
+    kwargs["tie_word_embeddings"] = False
+    kwargs["rope_interleave"] = True
     for source, target in _HYBRID_FIELD_MAP.items():
         if source in hybrid_config:
             kwargs[target] = hybrid_config[source]
+    kwargs["mla_norm"] = MLA_NORM_LORA if hybrid_config.get("use_lora_layer_norm") else MLA_NORM_QK_HEAD
+    if hybrid_config.get("use_full_kv_head"):
+        # AMD's MLA then expands the latent to every query head: K/V heads = query heads.
+        kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", ZebraConfig.num_attention_heads)
     rope_theta = hybrid_config.get("rope_theta", base_config.get("rope_theta", 1_000_000.0))
     rope = hybrid_config.get("rope_scaling") or base_config.get("rope_scaling")
     if rope:
@@ -420,13 +442,30 @@ def released_layout_to_kwargs(base_config: dict[str, Any], hybrid_config: dict[s
             rope["rope_type"] = rope.pop("type")
         rope.setdefault("rope_theta", rope_theta)
         kwargs["rope_parameters"] = rope
-        if rope.get("rope_type") == "yarn" and "max_position_embeddings" not in hybrid_config:
+        if rope.get("rope_type") == "yarn" and "original_max_position_embeddings" in rope and "factor" in rope:
             kwargs["max_position_embeddings"] = int(rope["original_max_position_embeddings"] * rope["factor"])
     else:
         kwargs["rope_parameters"] = {"rope_type": "default", "rope_theta": rope_theta}
     unknown = sorted(set(hybrid_config) - set(_HYBRID_FIELD_MAP) - _HYBRID_IGNORED - set(_QWEN3_FIELDS))
     if unknown:
         logger.warning("%s: ignoring fields Zebra does not use: %s", RELEASED_HYBRID_CONFIG, ", ".join(unknown))
+    return kwargs
+
+
+def released_directory_kwargs(path: str) -> dict[str, Any]:
+    """``released_layout_to_kwargs`` for a directory, with ``mla_norm`` decided by the weights' MLA keys."""
+    from .checkpoint import detect_mla_norm
+
+    kwargs = released_layout_to_kwargs(*_read_released_files(path))
+    stated = kwargs["mla_norm"]
+    detected = detect_mla_norm(path, ZebraConfig(**kwargs))
+    if detected is not None:
+        if detected == MLA_NORM_QK_HEAD and stated == MLA_NORM_LORA:
+            raise ValueError(
+                f"{path}: {RELEASED_HYBRID_CONFIG} sets use_lora_layer_norm but the weights carry q_norm/k_norm "
+                "(mla_norm 'qk_head'), not q_a_layernorm/kv_a_layernorm"
+            )
+        kwargs["mla_norm"] = detected
     return kwargs
 
 
@@ -439,8 +478,8 @@ def _read_released_files(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def load_released_config(path: str) -> ZebraConfig:
-    """Read a released-layout directory (``config.json`` + ``hybrid_config.json``)."""
-    config = ZebraConfig.from_released(*_read_released_files(path))
+    """Read a released-layout directory (``config.json`` + ``hybrid_config.json`` + the weights' key names)."""
+    config = ZebraConfig(**released_directory_kwargs(path))
     config._name_or_path = path
     return config
 

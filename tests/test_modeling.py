@@ -4,8 +4,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import save_file
-from zebra_helpers import tiny_config, tiny_model
+from zebra_helpers import tiny_config, tiny_model, write_released_layout
 
 from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
 from llamafactory_zebra.modeling_zebra import ZebraHybridCache
@@ -191,51 +190,12 @@ def test_save_load_round_trip(tmp_path):
         torch.testing.assert_close(loaded(tokens).logits, model(tokens).logits, rtol=0, atol=0)
 
 
-def _write_released_layout(path, model: ZebraForCausalLM, drop=None, extra=None):
-    cfg = model.config
-    base = {
-        "model_type": "qwen3",
-        "architectures": ["Qwen3ForCausalLM"],
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_hidden_layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": 128,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": 1000000.0,
-        "max_position_embeddings": 40960,
-        "tie_word_embeddings": False,
-        "torch_dtype": "float32",
-    }
-    hybrid = {
-        "mla_layers": cfg.mla_layers,
-        "q_lora_rank": cfg.q_lora_rank,
-        "kv_lora_rank": cfg.kv_lora_rank,
-        "qk_rope_head_dim": cfg.qk_rope_head_dim,
-        "qk_nope_head_dim": cfg.qk_nope_head_dim,
-        "v_head_dim": cfg.v_head_dim,
-        "gdn_num_heads": cfg.gdn_num_heads,
-        "gdn_head_dim": cfg.gdn_head_dim,
-        "linear_type": "gdn",
-        "rope_scaling": {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 32768},
-    }
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(base))
-    (path / "hybrid_config.json").write_text(json.dumps(hybrid))
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != drop}
-    if extra:
-        state[extra] = torch.zeros(3)
-    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
-
-
 RELEASED_ROPE = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 32.0, "original_max_position_embeddings": 32768}
 
 
 def test_released_layout_directory_loads(tmp_path):
     source = tiny_model(dtype=torch.float32, rope_parameters=dict(RELEASED_ROPE))
-    _write_released_layout(tmp_path / "released", source)
+    write_released_layout(tmp_path / "released", source)
     config = ZebraConfig.from_pretrained(tmp_path / "released")
     assert config.layer_types == source.config.layer_types
     assert config.rope_parameters["rope_type"] == "yarn" and config.rope_parameters["factor"] == 32.0
@@ -259,7 +219,7 @@ def test_import_command_writes_a_native_checkpoint(tmp_path):
     from llamafactory_zebra.cli.main import main
 
     source = tiny_model(dtype=torch.float32, rope_parameters=dict(RELEASED_ROPE))
-    _write_released_layout(tmp_path / "released", source)
+    write_released_layout(tmp_path / "released", source)
     assert main(["import", str(tmp_path / "released"), str(tmp_path / "native")]) == 0
     assert json.loads((tmp_path / "native" / "config.json").read_text())["model_type"] == "zebra"
     from transformers import AutoModelForCausalLM
@@ -277,7 +237,7 @@ def test_import_command_writes_a_native_checkpoint(tmp_path):
     [("model.layers.0.gdn.A_log", None, "missing"), (None, "model.layers.0.gdn.extra", "unexpected")],
 )
 def test_released_layout_with_wrong_keys_is_rejected(tmp_path, drop, extra, message):
-    _write_released_layout(tmp_path / "released", tiny_model(dtype=torch.float32), drop=drop, extra=extra)
+    write_released_layout(tmp_path / "released", tiny_model(dtype=torch.float32), drop=drop, extra=extra)
     with pytest.raises(ValueError, match=message):
         ZebraForCausalLM.from_pretrained(tmp_path / "released")
     from llamafactory_zebra.cli.main import main
@@ -286,7 +246,7 @@ def test_released_layout_with_wrong_keys_is_rejected(tmp_path, drop, extra, mess
 
 
 def test_released_layout_with_bad_plan_names_the_field(tmp_path):
-    _write_released_layout(tmp_path / "released", tiny_model(dtype=torch.float32))
+    write_released_layout(tmp_path / "released", tiny_model(dtype=torch.float32))
     hybrid = json.loads((tmp_path / "released" / "hybrid_config.json").read_text())
     hybrid["mla_layers"] = [1, 40]
     (tmp_path / "released" / "hybrid_config.json").write_text(json.dumps(hybrid))
