@@ -415,6 +415,9 @@ def render(results: list[Check]) -> str:
             lines.append(f"{'':<{width}}  {'':<6}  fix: {r.fix}")
     counts = {s: sum(r.status == s for r in results) for s in (OK, WARN, FAIL)}
     lines.append(f"\n{counts[OK]} ok, {counts[WARN]} warn, {counts[FAIL]} fail")
+    lines.append(
+        "After downloading a checkpoint, run `llamafactory-zebra verify MODEL_DIR` once (its MLA convention)."
+    )
     return "\n".join(lines)
 
 

@@ -18,6 +18,10 @@ SUBCOMMANDS = {
     ),
     "import": ("llamafactory_zebra.cli.import_cmd", "convert a checkpoint in AMD's released layout to a native one"),
     "data": ("llamafactory_zebra.cli.data_cmd", "inspect how datasets tokenize and pack (data inspect TRAIN.yaml)"),
+    "verify": (
+        "llamafactory_zebra.cli.verify_cmd",
+        "check by perplexity that a downloaded checkpoint runs with the right MLA convention",
+    ),
     "doctor": ("llamafactory_zebra.cli.doctor", "check the GPU/ROCm/CUDA software environment"),
     "plan": ("llamafactory_zebra.cli.plan", "estimate per-GPU memory of a training YAML"),
 }

@@ -1,0 +1,142 @@
+"""Which MLA convention fits a checkpoint's weights: perplexity on plain English under each candidate.
+
+The RoPE pairing and the placement of the MLA norms are not written in AMD's released files (see
+``docs/architecture.md``); a wrong guess loads without any error and gives a worse model. The right
+convention makes ordinary prose far more predictable than a wrong one, so ``verify`` scores the shipped
+text (``verify_text.py``) under each plausible convention on the same loaded weights — switching only
+what ``ZebraMLA`` reads at run time — and reports which one wins.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .configuration_zebra import MLA_NORM_NONE, ZebraConfig, is_released_layout
+from .layers.mla import ZebraMLA
+from .verify_text import VERIFY_TEXT
+
+
+@dataclass(frozen=True)
+class Convention:
+    rope_interleave: bool
+    mla_norm: str
+
+    @property
+    def rope_label(self) -> str:
+        return "interleaved (2j, 2j+1)" if self.rope_interleave else "half-split (j, j+d/2)"
+
+    @property
+    def norm_label(self) -> str:
+        return self.mla_norm if self.mla_norm != MLA_NORM_NONE else "none (norm weights unused)"
+
+
+@dataclass(frozen=True)
+class Score:
+    convention: Convention
+    perplexity: float
+
+
+def configured_convention(config: ZebraConfig) -> Convention:
+    return Convention(config.rope_interleave, config.mla_norm)
+
+
+def candidate_conventions(config: ZebraConfig) -> list[Convention]:
+    """Both RoPE pairings × the placements the checkpoint's keys allow: the one the keys name, or none.
+
+    Each ``mla_norm`` value names its own weight keys, so the keys pin the norm *kind*; what remains
+    uncertain is whether those norms act at all as placed (``none`` runs the same weights without them).
+    """
+    norms = [config.mla_norm] + ([MLA_NORM_NONE] if config.mla_norm != MLA_NORM_NONE else [])
+    rope = [config.rope_interleave, not config.rope_interleave]
+    return [Convention(interleave, norm) for interleave in rope for norm in norms]
+
+
+def use_convention(model: torch.nn.Module, convention: Convention) -> None:
+    """Switch every MLA layer of a loaded model to ``convention`` (weights untouched)."""
+    for module in model.modules():
+        if isinstance(module, ZebraMLA):
+            module.rope_interleave = convention.rope_interleave
+            module.mla_norm = convention.mla_norm
+
+
+@torch.inference_mode()
+def perplexity(model: torch.nn.Module, input_ids: torch.Tensor) -> float:
+    loss = model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+    return math.exp(loss.float().item())
+
+
+def score_conventions(model: torch.nn.Module, input_ids: torch.Tensor) -> list[Score]:
+    """Perplexity under each candidate, best first; the model is left in its configured convention."""
+    config = model.config
+    scores = []
+    for convention in candidate_conventions(config):
+        use_convention(model, convention)
+        scores.append(Score(convention, perplexity(model, input_ids)))
+    use_convention(model, configured_convention(config))
+    return sorted(scores, key=lambda s: s.perplexity)
+
+
+def verification_tokens(tokenizer, max_tokens: int) -> torch.Tensor:
+    ids = tokenizer(VERIFY_TEXT, add_special_tokens=False)["input_ids"][:max_tokens]
+    if len(ids) < 16:
+        raise ValueError(f"the verification text gives only {len(ids)} tokens with this tokenizer")
+    return torch.tensor([ids])
+
+
+def cpu_supports_bf16() -> bool:
+    """AVX512-BF16 or AMX: bf16 matmuls run natively; elsewhere torch emulates them slowly."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def pick_dtype(name: str) -> torch.dtype:
+    if name != "auto":
+        return getattr(torch, name)
+    return torch.bfloat16 if torch.cuda.is_available() or cpu_supports_bf16() else torch.float32
+
+
+def render(scores: list[Score], configured: Convention, model_dir: str) -> tuple[str, bool]:
+    """The table and the verdict; ``True`` when the configured convention has the lowest perplexity."""
+    lines = [f"{'RoPE pairs':<24}{'MLA norms':<28}{'perplexity':>12}{'× best':>9}"]
+    best = scores[0].perplexity
+    for score in scores:
+        mark = "  <- config" if score.convention == configured else ""
+        lines.append(
+            f"{score.convention.rope_label:<24}{score.convention.norm_label:<28}"
+            f"{score.perplexity:>12.2f}{score.perplexity / best:>9.2f}{mark}"
+        )
+    winner = scores[0].convention
+    if winner == configured:
+        margin = scores[1].perplexity / best if len(scores) > 1 else float("inf")
+        lines.append(f"OK: the configured convention fits best; the next one is {margin:.2f}× worse.")
+        return "\n".join(lines), True
+    lines.append("MISMATCH: another convention fits these weights better than the configured one.")
+    lines.extend(_fix_hints(winner, configured, model_dir))
+    return "\n".join(lines), False
+
+
+def _fix_hints(winner: Convention, configured: Convention, model_dir: str) -> list[str]:
+    hints = []
+    if winner.rope_interleave != configured.rope_interleave:
+        hints.append(f"  set rope_interleave: {str(winner.rope_interleave).lower()}")
+    if winner.mla_norm != configured.mla_norm:
+        hints.append(
+            f"  the checkpoint's {configured.mla_norm} norm weights do not act where mla_norm "
+            f"'{configured.mla_norm}' places them; see 'MLA norms' in docs/architecture.md for the one-line change"
+        )
+    if is_released_layout(model_dir):
+        hints.append(
+            "  (released layout: run `llamafactory-zebra import` and edit the native config.json, "
+            "and please report it — the plugin reads AMD's layout with these defaults)"
+        )
+    else:
+        hints.append(f"  in {os.path.join(model_dir, 'config.json')}")
+    return hints
