@@ -8,7 +8,7 @@ Packed batches never leak across samples: when ``position_ids`` restart inside a
 ``packing``), when the 2-D attention mask carries segment ids 1, 2, 3… (``neat_packing``), or when a
 4-D block-diagonal mask is given, the model derives per-sample segments once and hands them to both
 mixers — as ``cu_seqlens`` to the GDN recurrence and convolutions, and as a block-diagonal mask (or
-restarting positions for FlashAttention-2's varlen path) to MLA.
+the same ``cu_seqlens`` for FlashAttention-2's varlen path) to MLA.
 """
 
 from __future__ import annotations
@@ -295,15 +295,6 @@ def packed_segment_ids(attention_mask: torch.Tensor | None, position_ids: torch.
     return segments
 
 
-def positions_within_segments(segment_ids: torch.Tensor) -> torch.Tensor:
-    """0, 1, 2… restarting at each new segment: what FlashAttention-2's varlen path reads borders from."""
-    index = torch.arange(segment_ids.shape[-1], device=segment_ids.device).expand_as(segment_ids)
-    starts = torch.ones_like(segment_ids, dtype=torch.bool)
-    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
-    start_index = torch.where(starts, index, torch.zeros_like(index)).cummax(-1).values
-    return index - start_index
-
-
 def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     """``[B, 1, T, T]`` boolean mask: causal and within one segment (padding tokens see only padding)."""
     length = segment_ids.shape[-1]
@@ -384,8 +375,16 @@ class ZebraModel(ZebraPreTrainedModel):
                 mla_mask = None
                 layer_kwargs["sp_context"] = sp_context
             elif self.config._attn_implementation in ("flash_attention_2", "flash_attention_3"):
+                # The borders themselves, over all B * T tokens: transformers reads packing from restarting
+                # position_ids only for a batch of one row, and would attend across samples otherwise.
                 mla_mask = None
-                layer_kwargs["position_ids"] = positions_within_segments(segment_ids)
+                max_length = int(cu_seqlens.diff().max())
+                layer_kwargs.update(
+                    cu_seq_lens_q=cu_seqlens,
+                    cu_seq_lens_k=cu_seqlens,
+                    max_length_q=max_length,
+                    max_length_k=max_length,
+                )
             elif attention_mask is not None and attention_mask.dim() == 4:
                 mla_mask = attention_mask
             else:

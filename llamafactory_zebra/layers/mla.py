@@ -30,7 +30,8 @@ Where the norms sit (``config.mla_norm``):
 - ``none``: no norm in the mixer (the Llama-based HyLo models).
 
 Attention itself goes through transformers' attention interface, so ``eager``, ``sdpa`` and
-``flash_attention_2`` (with its varlen path for packed sequences) all work unchanged.
+``flash_attention_2`` (with its varlen path for packed sequences) all work unchanged; FlashAttention
+goes through ``flash_attention.py`` (transformers' FA core without a transformers 5.6.0 bug).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..configuration_zebra import MLA_NORM_LORA, MLA_NORM_QK_HEAD, ZebraConfig
+from .flash_attention import FLASH_ATTENTION_BACKENDS, flash_attention_forward
 from .norms import ZebraRMSNorm
 
 
@@ -231,7 +233,9 @@ class ZebraMLA(nn.Module):
         key, value = self.expand(latent, rope_entry)
 
         attention_interface: Callable = eager_attention_forward
-        if self.config._attn_implementation not in (None, "eager"):
+        if self.config._attn_implementation in FLASH_ATTENTION_BACKENDS:
+            attention_interface = flash_attention_forward
+        elif self.config._attn_implementation not in (None, "eager"):
             attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
         if sp_context is not None:
             attention_interface = sp_context.attention(attention_interface, self.config._attn_implementation)

@@ -1,0 +1,197 @@
+"""What the packed MLA path hands FlashAttention-2, checked on CPU against the sdpa path.
+
+transformers' ``flash_attention_2`` integration loads ``flash_attn_varlen_func`` lazily
+(``modeling_flash_attention_utils._lazy_imports``). Here that loader returns a reference function
+with FlashAttention-2's signature that enforces FA2's input contract (fp16/bf16, one head size for q,
+k and v, int32 ``cu_seqlens`` from 0 to the token count, ``max_seqlen`` covering every segment, whole
+groups of query heads per key head) and computes explicit causal attention segment by segment. The
+model's public forward with ``attn_implementation="flash_attention_2"`` must then equal the sdpa
+model (logits and gradients, bf16 tolerance) on packed rows, whatever the batch size.
+"""
+
+import copy
+import inspect
+
+import pytest
+import torch
+from transformers import modeling_flash_attention_utils as fa_utils
+from zebra_helpers import tiny_model
+
+# Both models run in bf16 (FA2 takes nothing else); errors are relative to the reference's largest
+# logit, and for gradients to the norm of the gradient: per parameter for the attention layer, over all
+# parameters together elsewhere (tiny GDN decay gradients are bf16 sums that cancel to noise).
+BF16_TOLERANCE = 2e-2
+BF16_GRAD_TOLERANCE = 5e-2
+
+
+class ReferenceFlashAttention:
+    """``flash_attn_func`` / ``flash_attn_varlen_func`` (flash-attn 2.x signatures) in plain PyTorch."""
+
+    def __init__(self):
+        self.varlen_calls, self.dense_calls = [], 0
+
+    def flash_attn_func(
+        self,
+        q,
+        k,
+        v,
+        dropout_p=0.0,
+        softmax_scale=None,
+        causal=False,
+        window_size=(-1, -1),
+        softcap=0.0,
+        alibi_slopes=None,
+        deterministic=False,
+        return_attn_probs=False,
+    ):
+        """Per row, no borders: the path transformers takes when it sees no packing."""
+        self.dense_calls += 1
+        batch, length = q.shape[:2]
+        cu = torch.arange(0, (batch + 1) * length, length, dtype=torch.int32)
+        out = self.flash_attn_varlen_func(
+            q.flatten(0, 1),
+            k.flatten(0, 1),
+            v.flatten(0, 1),
+            cu,
+            cu,
+            length,
+            length,
+            dropout_p,
+            softmax_scale,
+            causal,
+            window_size,
+            softcap,
+            alibi_slopes,
+            deterministic,
+            return_attn_probs,
+            record=False,
+        )
+        return out.view(batch, length, *out.shape[1:])
+
+    def flash_attn_varlen_func(
+        self,
+        q,
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        dropout_p=0.0,
+        softmax_scale=None,
+        causal=False,
+        window_size=(-1, -1),
+        softcap=0.0,
+        alibi_slopes=None,
+        deterministic=False,
+        return_attn_probs=False,
+        block_table=None,
+        record=True,
+    ):
+        total, heads, head_dim = q.shape
+        assert q.dtype in (torch.float16, torch.bfloat16) and k.dtype == v.dtype == q.dtype, q.dtype
+        assert k.shape == v.shape and k.shape[-1] == head_dim, "FA2 needs one head size for q, k and v"
+        assert heads % k.shape[1] == 0, "query heads must be whole groups per key head"
+        for cu, max_len, tokens in ((cu_seqlens_q, max_seqlen_q, total), (cu_seqlens_k, max_seqlen_k, k.shape[0])):
+            assert cu.dtype == torch.int32 and cu.dim() == 1, cu.dtype
+            assert int(cu[0]) == 0 and int(cu[-1]) == tokens and bool((cu.diff() >= 0).all()), cu
+            assert int(max_len) >= int(cu.diff().max()), (max_len, cu)
+        assert torch.equal(cu_seqlens_q, cu_seqlens_k) and causal and dropout_p == 0.0
+        assert window_size in ((-1, -1), [-1, -1]) and not softcap and alibi_slopes is None and block_table is None
+        if record:
+            self.varlen_calls.append(cu_seqlens_q.tolist())
+        scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
+        groups = heads // k.shape[1]
+        outputs = []
+        for start, end in zip(cu_seqlens_q[:-1].tolist(), cu_seqlens_q[1:].tolist(), strict=True):
+            qs, ks, vs = (x[start:end].float().transpose(0, 1) for x in (q, k, v))
+            ks, vs = ks.repeat_interleave(groups, 0), vs.repeat_interleave(groups, 0)
+            scores = qs @ ks.transpose(1, 2) * scale
+            future = torch.ones(end - start, end - start, dtype=torch.bool).triu(1)
+            weights = scores.masked_fill(future, float("-inf")).softmax(-1)
+            outputs.append((weights @ vs).transpose(0, 1))
+        return torch.cat(outputs).to(q.dtype)
+
+
+@pytest.fixture
+def reference_fa2(monkeypatch):
+    reference = ReferenceFlashAttention()
+
+    def lazy_imports(implementation, attention_wrapper=None, allow_all_kernels=False):
+        assert implementation == "flash_attention_2", implementation
+        return (
+            reference.flash_attn_func,
+            reference.flash_attn_varlen_func,
+            None,
+            fa_utils._pad_input,
+            fa_utils._unpad_input,
+        )
+
+    monkeypatch.setattr(fa_utils, "_lazy_imports", lazy_imports)
+    monkeypatch.setattr(fa_utils, "_loaded_implementation", None)
+    return reference
+
+
+def test_reference_has_flash_attn_2_signature(reference_fa2):
+    # transformers decides which keywords to send from this signature (``_lazy_define_process_function``).
+    names = list(inspect.signature(reference_fa2.flash_attn_varlen_func).parameters)[:16]
+    assert names[:7] == ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"]
+    assert {"dropout_p", "softmax_scale", "causal", "window_size", "softcap", "deterministic"} <= set(names)
+
+
+def packed_batch(lengths_per_row, vocab=97, seed=0):
+    """Rows of packed samples (LLaMA-Factory ``packing``: positions restart), labels over real tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    length = sum(lengths_per_row[0])
+    input_ids = torch.randint(0, vocab, (len(lengths_per_row), length), generator=gen)
+    position_ids = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in lengths_per_row])
+    return input_ids, position_ids
+
+
+def run(model, input_ids, position_ids):
+    model.zero_grad()
+    logits = model(input_ids=input_ids, position_ids=position_ids).logits
+    weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(1)).to(logits.dtype)
+    (logits.float() * weights.float()).sum().backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return logits.detach(), grads
+
+
+def relative(a, b):
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+
+
+def relative_norm(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [[[13, 1, 25, 6]], [[20, 25], [1, 30, 14]]],
+    ids=["one-row", "two-rows"],
+)
+def test_packed_flash_attention_2_equals_sdpa(reference_fa2, rows):
+    sdpa = tiny_model(dtype=torch.bfloat16, attn_implementation="sdpa", vocab_size=97).train()
+    flash = copy.deepcopy(sdpa)
+    flash.config._attn_implementation = "flash_attention_2"
+    input_ids, position_ids = packed_batch(rows)
+
+    logits_ref, grads_ref = run(sdpa, input_ids, position_ids)
+    logits, grads = run(flash, input_ids, position_ids)
+
+    borders = [0]
+    for row in rows:
+        for n in row:
+            borders.append(borders[-1] + n)
+    assert reference_fa2.dense_calls == 0, "packed rows reached flash_attn_func: samples would see each other"
+    assert reference_fa2.varlen_calls == [borders] * len(reference_fa2.varlen_calls) != []
+    assert relative(logits, logits_ref) < BF16_TOLERANCE
+    assert grads.keys() == grads_ref.keys()
+    for name, grad in grads.items():
+        if ".mla." in name:
+            assert relative_norm(grad, grads_ref[name]) < BF16_GRAD_TOLERANCE, name
+    flat, flat_ref = (torch.cat([g[name].flatten() for name in sorted(g)]) for g in (grads, grads_ref))
+    assert relative_norm(flat, flat_ref) < BF16_GRAD_TOLERANCE
+    # The comparison can fail: the same rows read as single samples change the logits far beyond it.
+    unpacked, _ = run(sdpa, input_ids, torch.arange(input_ids.shape[1]).expand_as(input_ids))
+    assert relative(unpacked, logits_ref) > 10 * BF16_TOLERANCE
