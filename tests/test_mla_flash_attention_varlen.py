@@ -171,7 +171,9 @@ def relative_norm(a, b):
     ids=["one-row", "two-rows"],
 )
 def test_packed_flash_attention_2_equals_sdpa(reference_fa2, rows):
-    sdpa = tiny_model(dtype=torch.bfloat16, attn_implementation="sdpa", vocab_size=97).train()
+    sdpa = tiny_model(
+        dtype=torch.bfloat16, attn_implementation="sdpa", num_hidden_layers=2, layer_types=["gdn", "mla"]
+    ).train()
     flash = copy.deepcopy(sdpa)
     flash.config._attn_implementation = "flash_attention_2"
     input_ids, position_ids = packed_batch(rows)

@@ -150,7 +150,7 @@ def cross_entropy_case(dtype: torch.dtype) -> Callable:
 
 
 def training_step_case(dtype: torch.dtype) -> Callable:
-    """One step of a two-layer tiny model (one GDN, one MLA layer) on packed rows: fla GDN + Liger CE
+    """One step of a two-layer tiny model (one GDN, one MLA layer) on two packed rows of 48 tokens: fla GDN + Liger CE
     against the PyTorch GDN + chunked CE; loss and every parameter's gradient."""
     from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
 
@@ -159,9 +159,9 @@ def training_step_case(dtype: torch.dtype) -> Callable:
     torch.manual_seed(5)
     model = ZebraForCausalLM(config).to(dtype).train()
     gen = torch.Generator().manual_seed(6)
-    input_ids = torch.randint(0, 97, (2, LENGTH), generator=gen)
+    input_ids = torch.randint(0, 97, (2, 48), generator=gen)
     # LLaMA-Factory's packing: positions restart at each sample; row 1 holds one 2-token sample.
-    position_ids = torch.cat([torch.arange(30), torch.arange(37), torch.arange(2), torch.arange(65)]).view(2, LENGTH)
+    position_ids = torch.cat([torch.arange(21), torch.arange(27), torch.arange(2), torch.arange(46)]).view(2, 48)
     labels = input_ids.masked_fill(position_ids == 0, -100)
 
     def run():
@@ -170,7 +170,9 @@ def training_step_case(dtype: torch.dtype) -> Callable:
         replica.enable_fused_cross_entropy("liger" if fla else "chunked")
         loss = replica(input_ids=input_ids, position_ids=position_ids, labels=labels).loss
         loss.backward()
-        return {"loss": loss} | {f"grad {name}": p.grad for name, p in replica.named_parameters()}
+        grads = {f"grad {name}": p.grad for name, p in replica.named_parameters()}
+        every = torch.cat([g.flatten().float() for g in grads.values()])
+        return {"loss": loss, "grad (all parameters)": every} | grads
 
     return run
 
