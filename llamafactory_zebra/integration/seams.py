@@ -220,7 +220,7 @@ def configure_zebra_rope(config: ZebraConfig, model_args: Any, logger: Any) -> N
         merged = {key: value for key, value in merged.items() if key not in YARN_ONLY_ROPE_KEYS}
     config.rope_parameters = merged
     config.max_position_embeddings = int(original * factor)
-    config._validate_rope()
+    config.validate_rope()
     logger.info_rank0(f"llamafactory-zebra: {rope_type} RoPE factor {factor} on the MLA rope dims ({merged})")
 
 
