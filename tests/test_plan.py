@@ -152,7 +152,11 @@ def _deepspeed_buffers(stage: int) -> tuple[int, dict[str, int]]:
     with open(os.path.join(ROOT, "deepspeed_configs", preset)) as f:
         config = json.load(f)
     config.update(
-        train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=1, train_batch_size=2, gradient_clipping=1.0
+        train_micro_batch_size_per_gpu=2,
+        gradient_accumulation_steps=1,
+        train_batch_size=2,
+        gradient_clipping=1.0,
+        bf16={"enabled": True},  # HF's "auto" for a YAML with bf16: true
     )
     zero = config["zero_optimization"]
     zero.update({k: 4096 for k, v in zero.items() if v == "auto"})

@@ -81,10 +81,16 @@ def test_deepspeed_preset_parses_with_deepspeed(name):
         assert parsed.zero_force_ds_cpu_optimizer is False
 
 
-def test_deepspeed_preset_rejects_a_yaml_without_bf16():
-    args = _training_args(bf16=False, fp16=False)
-    with pytest.raises(ValueError, match="bf16.enabled=True vs hf bf16"):
-        _filled(os.path.join(ROOT, "deepspeed_configs", "ds_z3_bf16.json"), args)
+@pytest.mark.parametrize("name", sorted(DEEPSPEED_PRESETS))
+def test_deepspeed_preset_precision_follows_the_yaml_but_never_fp16(name):
+    """bf16 is "auto": fp32 when the YAML says bf16: false (CPU, debugging), never fp16 (docs/deepspeed.md)."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    path = os.path.join(ROOT, "deepspeed_configs", name)
+    parsed = DeepSpeedConfig(_filled(path, _training_args(bf16=False)))
+    assert not parsed.bfloat16_config.enabled and not parsed.float16_config.enabled
+    with pytest.raises(ValueError, match="fp16.enabled=False vs hf fp16"):
+        _filled(path, _training_args(bf16=False, fp16=True, use_cpu=False))
 
 
 def _fsdp_plugin(path):

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .packing import count_packs, length_summary, map_batches, steps_per_epoch
+from .row_policy import SKIP_ATTRIBUTE
 from .validation import DROP_REASON_COLUMN, split_reason
 
 DEFAULT_STREAMING_ROW_LIMIT = 10_000
@@ -296,12 +297,11 @@ def inspect_training_data(
     from ..integration.datasets import install_dataset_seams
     from ..integration.seams import upstream
 
-    load_single_dataset = upstream(loader_module, "_load_single_dataset")
-
     model_args, data_args, training_args, _, raw = load_train_arguments(config_path)
     sequence_parallel = int(raw.get("sequence_parallel_size") or 1)
     data_parallel = data_parallel_size(world_size, sequence_parallel)
     install_dataset_seams()
+    load_single_dataset = upstream(loader_module, "_load_single_dataset")
     transformers.set_seed(training_args.seed)
     tokenizer_module = load_tokenizer(model_args)
     tokenizer, processor = tokenizer_module["tokenizer"], tokenizer_module["processor"]
@@ -335,6 +335,7 @@ def inspect_training_data(
     measured_all: list[MeasuredRows] = []
     reports: list[DataReport] = []
     for name, attr in zip(names, get_dataset_list(names, data_args.dataset_dir), strict=True):
+        setattr(attr, SKIP_ATTRIBUTE, True)  # the report lists every refused row instead of stopping at them
         if streams_nothing(attr, data_args, training_args):
             measured_all.append(MeasuredRows())
             reports.append(summarize(name, measured_all[-1], settings, [EMPTY_STREAM_NOTE]))

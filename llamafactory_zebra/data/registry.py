@@ -16,6 +16,9 @@ import copy
 from pathlib import Path
 from typing import Any
 
+# The recipe's public datasets hold rows its converters refuse by design (unfinished reasoning traces,
+# empty answers); their entries opt into skipping them, counted in the log (data/row_policy.py).
+SKIP_KEY = "skip_invalid_rows"
 SAMPLES_DIR = Path(__file__).resolve().parent / "samples"
 BASE_KEY = "zebra_base"
 SAMPLE_SUFFIX = "_sample"
@@ -77,7 +80,7 @@ _RECIPE: dict[str, tuple[str, str | None, str, dict[str, Any], str | None]] = {
 
 
 def _hub_entry(hub_id: str, subset: str | None, split: str, schema: dict[str, Any]) -> dict[str, Any]:
-    entry: dict[str, Any] = {"hf_hub_url": hub_id, "split": split}
+    entry: dict[str, Any] = {"hf_hub_url": hub_id, "split": split, SKIP_KEY: True}
     if subset is not None:
         entry["subset"] = subset
     entry.update(copy.deepcopy(schema))
@@ -86,7 +89,7 @@ def _hub_entry(hub_id: str, subset: str | None, split: str, schema: dict[str, An
 
 def _sample_entry(file_name: str, schema: dict[str, Any]) -> dict[str, Any]:
     # An absolute file_name: LLaMA-Factory joins it onto dataset_dir, which keeps absolute paths as they are.
-    return {"file_name": str(SAMPLES_DIR / file_name), **copy.deepcopy(schema)}
+    return {"file_name": str(SAMPLES_DIR / file_name), SKIP_KEY: True, **copy.deepcopy(schema)}
 
 
 def registry_dataset_info() -> dict[str, dict[str, Any]]:

@@ -7,7 +7,9 @@ ours) runs behind :class:`GuardedConverter`: a dataset whose mapped column is ab
 ``ValueError`` naming the dataset, the column and the columns present; a bad row becomes a
 placeholder example that LLaMA-Factory's processors skip, carrying its reason in the extra
 ``_zebra_drop_reason`` column (removed with the other columns at tokenization), which
-``data inspect`` counts per reason with row indices.
+``data inspect`` counts per reason with row indices. After conversion the loader seam
+(``integration/datasets.py``) turns any such row into an error naming file, row and field, unless the
+dataset's entry says ``"skip_invalid_rows": true`` (then it logs how many rows and which).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ class DropRow(Exception):
         self.detail = detail
 
 
+class MissingColumnError(ValueError):
+    """A column mapped in dataset_info.json is absent from the data: a dataset-level error, not a row's."""
+
+
 def split_reason(reason: str) -> tuple[str, str]:
     kind, _, detail = reason.partition(": ")
     return kind, detail
@@ -67,7 +73,7 @@ def check_columns(example: dict[str, Any], attr: DatasetAttr, fields: tuple[str,
     missing = [(name, getattr(attr, name)) for name in fields if getattr(attr, name) not in example]
     if missing:
         wanted = ", ".join(f"'{column}' (columns.{name})" for name, column in missing)
-        raise ValueError(
+        raise MissingColumnError(
             f"Dataset '{dataset_label(attr)}': column {wanted} not found; the data has columns "
             f'{sorted(example)}. Map the right column in its dataset_info.json entry under "columns", '
             "or set the field to null if the data has no such column."
@@ -219,6 +225,7 @@ class GuardedConverter:
 
     converter: DatasetConverter
     formatting: str
+    quiet: bool = False
     plugin_version: str = field(default_factory=_plugin_version)
     _warned: set[str] = field(default_factory=set, repr=False)
 
@@ -229,6 +236,13 @@ class GuardedConverter:
     def _fields(self) -> tuple[str, ...]:
         own = getattr(self.converter, "required_fields", None)
         return required_fields(self.attr, own if own is not None else _STOCK_FIELDS.get(self.formatting, ()))
+
+    @property
+    def uses_messages(self) -> bool:
+        return "messages" in self._fields()
+
+    def required_columns(self) -> tuple[str, ...]:
+        return tuple(getattr(self.attr, name) for name in self._fields())
 
     def _is_plain_sft(self) -> bool:
         return not self.attr.ranking and not self.attr.kto_tag
@@ -249,7 +263,7 @@ class GuardedConverter:
         return {**output, DROP_REASON_COLUMN: ""}
 
     def _drop(self, kind: str, detail: str) -> dict[str, Any]:
-        if kind not in self._warned:
+        if kind not in self._warned and not self.quiet:
             self._warned.add(kind)
             logger.warning(
                 "Dataset '%s': dropping rows with %s (first: %s). `llamafactory-zebra data inspect` lists them all.",

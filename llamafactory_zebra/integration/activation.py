@@ -25,6 +25,7 @@ HANDLERS: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
     "llamafactory.data.template": (seams.register_template,),
     "llamafactory.data.converter": (datasets.on_converter_module_loaded,),
     "llamafactory.data.parser": (datasets.on_parser_module_loaded,),
+    "llamafactory.data.loader": (datasets.on_loader_module_loaded,),
     "llamafactory.model.loader": (seams.patch_loader,),
     "llamafactory.model.patcher": (seams.patch_rope,),
     # Order matters: the SP wrapper goes on first (innermost), so the key leaves the arguments before

@@ -12,6 +12,9 @@ Seams (module → name, parameters relied on):
   behind ``GuardedConverter`` (clear schema errors, counted drops; see ``data/validation.py``).
 - ``data.parser.get_dataset_list(dataset_names, dataset_dir)``: called with the merged entries as a
   dict, which upstream accepts in place of a directory.
+- ``data.loader._load_single_dataset(dataset_attr, model_args, data_args, training_args)``: a file that
+  ``datasets`` cannot load, or rows the guard refused, become one error naming file, row, line and
+  field (``data/row_policy.py``), unless the entry sets ``"skip_invalid_rows": true``.
 - ``webui.common.load_dataset_info(dataset_dir)``: the dataset dropdown.
 """
 
@@ -25,6 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from ..data.registry import merge_dataset_info, registry_dataset_info
+from ..data.row_policy import SKIP_ATTRIBUTE, SKIP_KEY
 from .seams import UpstreamSeamChanged, upstream
 
 DATA_CONFIG = "dataset_info.json"
@@ -115,13 +119,56 @@ def on_parser_module_loaded(module: ModuleType) -> None:
             return get_dataset_list(dataset_names, dataset_dir)
         names = list(dataset_names or [])
         check_dataset_names(names, dataset_dir)
-        attrs = get_dataset_list(names, dataset_info_for(dataset_dir))
+        info = dataset_info_for(dataset_dir)
+        attrs = get_dataset_list(names, info)
         for name, attr in zip(names, attrs, strict=True):
             attr.zebra_name = name
+            setattr(attr, SKIP_ATTRIBUTE, bool(info[name].get(SKIP_KEY, False)))
         return attrs
 
     setattr(zebra_get_dataset_list, _ORIGINAL, get_dataset_list)
     module.get_dataset_list = zebra_get_dataset_list
+
+
+def guarded_converter(dataset_attr: Any, data_args: Any) -> Any:
+    """The converter the loader used for this dataset, behind the row guard."""
+    from llamafactory.data import converter as converter_module
+
+    from ..data.validation import GuardedConverter
+
+    converter = converter_module.get_dataset_converter(dataset_attr.formatting, dataset_attr, data_args)
+    return (
+        converter if isinstance(converter, GuardedConverter) else GuardedConverter(converter, dataset_attr.formatting)
+    )
+
+
+def on_loader_module_loaded(module: ModuleType) -> None:
+    """Malformed rows of a dataset stop the run before tokenisation, named (or are skipped, counted)."""
+    from ..data.row_policy import MalformedDataError, check_converted_rows, malformed_rows_message
+    from ..data.validation import MissingColumnError
+
+    load_single_dataset = upstream(module, "_load_single_dataset")
+    if _already_wrapped(load_single_dataset):
+        return
+
+    @functools.wraps(load_single_dataset)
+    def zebra_load_single_dataset(dataset_attr, model_args, data_args, training_args):
+        try:
+            dataset = load_single_dataset(dataset_attr, model_args, data_args, training_args)
+        except Exception as err:
+            if dataset_attr.load_from != "file" or isinstance(err, (MalformedDataError, MissingColumnError)):
+                raise
+            converter = guarded_converter(dataset_attr, data_args)
+            message = malformed_rows_message(dataset_attr, data_args.dataset_dir, converter, "load")
+            if message is None:
+                raise
+            raise MalformedDataError(message) from err
+        converter = guarded_converter(dataset_attr, data_args)
+        check_converted_rows(dataset, dataset_attr, data_args.dataset_dir, converter, module.logger)
+        return dataset
+
+    setattr(zebra_load_single_dataset, _ORIGINAL, load_single_dataset)
+    module._load_single_dataset = zebra_load_single_dataset
 
 
 def on_webui_common_loaded(module: ModuleType) -> None:
@@ -144,12 +191,13 @@ def on_webui_common_loaded(module: ModuleType) -> None:
 _SEAMS = {
     "llamafactory.data.converter": on_converter_module_loaded,
     "llamafactory.data.parser": on_parser_module_loaded,
+    "llamafactory.data.loader": on_loader_module_loaded,
     "llamafactory.webui.common": on_webui_common_loaded,
 }
 
 
 def install_dataset_seams() -> None:
-    """Applies the three seams now (idempotent): for ``data inspect`` and processes without the hook.
+    """Applies the dataset seams now (idempotent): for ``data inspect`` and processes without the hook.
 
     Modules that already bound the original names (``from .parser import get_dataset_list`` in
     ``data.loader``) keep them, which is why the hook applies the seams at import time instead.

@@ -8,6 +8,11 @@ its AMD recipe (see docs/rocm.md and docs/deepspeed.md):
 * a ``warmup_ratio`` at long context: packing 1M-token sequences leaves a few hundred optimizer steps
   or fewer, and a ratio of that is a handful of warmup steps (the seed recipe uses ``warmup_steps: 200``).
 * ZeRO-3 without ``stage3_gather_16bit_weights_on_model_save``: the saved model holds empty tensors.
+* the YAML and the DeepSpeed JSON disagree (precision, batch sizes, clipping, optimizer/scheduler
+  values; see ``config_conflicts.py``): refused here, not after the dataset is tokenised.
+* ``flash_attn: fa3``: LLaMA-Factory 0.9.5 raises "Unknown attention type" only when it loads the model,
+  after the data; ``fa2`` asked for on a GPU without flash-attn falls back to SDPA with a warning only.
+* fp32 on a GPU: nothing fails, but the run needs twice the activation memory of the bf16 recipe.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import json
 import math
 from typing import Any
+
+from .config_conflicts import check_deepspeed_conflicts, deepspeed_warnings
 
 _SAVE_KEYS = (
     "stage3_gather_16bit_weights_on_model_save",
@@ -40,20 +47,24 @@ def check_training_setup(
     *,
     num_train_examples: int | None = None,
     is_rocm: bool | None = None,
+    arguments: str = "the training arguments",
 ) -> list[str]:
     """Warnings for a Zebra training run; raises ``ValueError`` for setups that must not start.
 
     Args are LLaMA-Factory's parsed dataclasses and the model config. ``num_train_examples`` (the
     length of the training dataset after packing, when known) lets the warmup check count optimizer
     steps as the HF Trainer will; without it only ``max_steps`` is used. ``is_rocm`` overrides the
-    detection from ``torch.version.hip`` (for tests).
+    detection from ``torch.version.hip`` (for tests). ``arguments`` names the YAML in messages.
     """
     if getattr(config, "model_type", None) != "zebra":
         return []
     rocm = running_on_rocm() if is_rocm is None else is_rocm
     deepspeed = deepspeed_config(training_args)
     _refuse_fp16_on_rocm(training_args, deepspeed, rocm)
-    warnings = []
+    check_deepspeed_conflicts(training_args, arguments)
+    _refuse_unsupported_attention(model_args)
+    warnings = deepspeed_warnings(training_args, arguments)
+    warnings += _accelerator_warnings(model_args, training_args, arguments)
     warmup = _warmup_warning(data_args, training_args, finetuning_args, model_args, num_train_examples)
     if warmup:
         warnings.append(warmup)
@@ -86,6 +97,38 @@ def _refuse_fp16_on_rocm(training_args: Any, deepspeed: dict[str, Any] | None, r
             "overflows in long-context training (NaN loss). Set `bf16: true`, remove `fp16`, and use a "
             "deepspeed_configs/*_bf16.json preset (see docs/rocm.md)."
         )
+
+
+def _refuse_unsupported_attention(model_args: Any) -> None:
+    attention = str(getattr(model_args.flash_attn, "value", model_args.flash_attn))
+    if attention == "fa3":
+        raise ValueError(
+            'flash_attn: fa3 is not supported by LLaMA-Factory 0.9.5 for Zebra (it raises "Unknown attention '
+            'type" when it loads the model, after the dataset is tokenised). Use flash_attn: fa2 on GPUs '
+            "(FlashAttention-2's varlen path keeps packed samples apart) or sdpa."
+        )
+
+
+def _accelerator_warnings(model_args: Any, training_args: Any, arguments: str) -> list[str]:
+    import torch
+
+    if training_args.use_cpu or not torch.cuda.is_available():
+        return []
+    warnings = []
+    if not (training_args.bf16 or training_args.fp16 or training_args.bf16_full_eval):
+        warnings.append(
+            f"{arguments} trains in fp32 on a GPU (no `bf16: true`): twice the activation memory and far slower "
+            "matmuls than the bf16 recipe; add `bf16: true` unless fp32 is what you want."
+        )
+    attention = str(getattr(model_args.flash_attn, "value", model_args.flash_attn))
+    from transformers.utils import is_flash_attn_2_available
+
+    if attention == "fa2" and not is_flash_attn_2_available():
+        warnings.append(
+            f"flash_attn: fa2 in {arguments} but flash-attn is not installed: LLaMA-Factory falls back to SDPA, "
+            "whose packed-sample mask is T x T per row; install flash-attn (ROCm: the CK build, see docs/rocm.md)."
+        )
+    return warnings
 
 
 def _sequence_parallel_size(*arg_objects: Any) -> int:

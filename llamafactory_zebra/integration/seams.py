@@ -232,10 +232,14 @@ def patch_train_args(parser: ModuleType) -> None:
         model_args, data_args, training_args, finetuning_args, generating_args = get_train_args(args)
         if is_zebra_checkpoint(model_args.model_name_or_path):
             model_args.block_diag_attn = False
+            from .config_conflicts import arguments_source
             from .guards import check_training_setup
 
             config = ZebraConfig.from_pretrained(model_args.model_name_or_path)
-            for warning in check_training_setup(model_args, data_args, training_args, finetuning_args, config):
+            arguments = arguments_source(args)
+            for warning in check_training_setup(
+                model_args, data_args, training_args, finetuning_args, config, arguments=arguments
+            ):
                 parser.logger.warning_rank0(f"llamafactory-zebra: {warning}")
         return model_args, data_args, training_args, finetuning_args, generating_args
 
