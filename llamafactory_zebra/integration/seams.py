@@ -16,8 +16,9 @@ Seams (module → name):
   ``rope_theta`` and YaRN's ``mscale`` keys, and writes a float ``max_position_embeddings`` that strict
   transformers-5 configs reject; for Zebra the same rule runs here without either problem.
 - ``hparams.parser.get_train_args``: for Zebra, keep neat-packing masks 2-D (the model isolates
-  samples itself, so the O(L²) 4-D mask LLaMA-Factory builds for non-FA2 backends is not needed) and
-  run the training guard rails before any data is loaded.
+  samples itself, so the O(L²) 4-D mask LLaMA-Factory builds for non-FA2 backends is not needed), run
+  the training guard rails before any data is loaded, and resume from the last complete checkpoint
+  (``resume.py``).
 """
 
 from __future__ import annotations
@@ -234,6 +235,7 @@ def patch_train_args(parser: ModuleType) -> None:
             model_args.block_diag_attn = False
             from .config_conflicts import arguments_source
             from .guards import check_training_setup
+            from .resume import resume_from_last_complete_checkpoint
 
             config = ZebraConfig.from_pretrained(model_args.model_name_or_path)
             arguments = arguments_source(args)
@@ -241,6 +243,7 @@ def patch_train_args(parser: ModuleType) -> None:
                 model_args, data_args, training_args, finetuning_args, config, arguments=arguments
             ):
                 parser.logger.warning_rank0(f"llamafactory-zebra: {warning}")
+            resume_from_last_complete_checkpoint(training_args, parser.logger)
         return model_args, data_args, training_args, finetuning_args, generating_args
 
     parser.get_train_args = zebra_get_train_args
