@@ -221,29 +221,29 @@ def _train_until_then_kill_rank_1(args, tmp_path, saved):
     config = tmp_path / "killed.yaml"
     config.write_text(yaml.safe_dump(args))
     env = {**os.environ, "DISABLE_VERSION_CHECK": "1", **_two_ranks()}
-    launcher = subprocess.Popen(
-        ["llamafactory-cli", "train", str(config)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.time() + 600
-        while not saved.exists():
-            assert launcher.poll() is None and time.time() < deadline, "the run ended before its first save"
-            time.sleep(0.1)
-        workers = [
-            p for p in psutil.Process(launcher.pid).children(recursive=True) if "launcher.py" in " ".join(p.cmdline())
-        ]
-        (rank_1,) = [p for p in workers if p.environ().get("LOCAL_RANK") == "1"]
-        rank_1.kill()  # SIGKILL, as the OOM killer or a lost node would
-        _, errors = launcher.communicate(timeout=300)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
+    output = tmp_path / "killed.log"  # a file, not a pipe: an unread pipe fills up and stalls the workers
+    with output.open("w") as sink:
+        launcher = subprocess.Popen(
+            ["llamafactory-cli", "train", str(config)], cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT
+        )
+        try:
+            deadline = time.time() + 600
+            while not saved.exists():
+                assert launcher.poll() is None and time.time() < deadline, output.read_text()[-3000:]
+                time.sleep(0.1)
+            workers = [
+                p
+                for p in psutil.Process(launcher.pid).children(recursive=True)
+                if "launcher.py" in " ".join(p.cmdline())
+            ]
+            (rank_1,) = [p for p in workers if p.environ().get("LOCAL_RANK") == "1"]
+            rank_1.kill()  # SIGKILL, as the OOM killer or a lost node would
+            launcher.wait(timeout=300)
+        finally:
+            if launcher.poll() is None:
+                for process in [*psutil.Process(launcher.pid).children(recursive=True), psutil.Process(launcher.pid)]:
+                    process.kill()
     assert launcher.returncode != 0
-    return errors
 
 
 def test_zero3_run_killed_between_saves_resumes_with_the_uninterrupted_losses(zero3_run, tmp_path):
