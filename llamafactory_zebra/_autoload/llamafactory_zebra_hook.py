@@ -24,6 +24,7 @@ WATCHED_MODULES = frozenset(
         "llamafactory.data.template",
         "llamafactory.data.converter",
         "llamafactory.data.parser",
+        "llamafactory.data.loader",
         "llamafactory.model.loader",
         "llamafactory.model.patcher",
         "llamafactory.hparams.parser",
