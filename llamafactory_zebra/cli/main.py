@@ -16,6 +16,10 @@ SUBCOMMANDS = {
         "llamafactory_zebra.cli.init_cmd",
         "write a small random Zebra model and tokenizer (for quickstarts and tests)",
     ),
+    "convert": (
+        "llamafactory_zebra.cli.convert_cmd",
+        "build a Zebra hybrid (MLA + GDN) from a Qwen3 or Llama-3 checkpoint",
+    ),
     "import": ("llamafactory_zebra.cli.import_cmd", "convert a checkpoint in AMD's released layout to a native one"),
     "data": ("llamafactory_zebra.cli.data_cmd", "inspect how datasets tokenize and pack (data inspect TRAIN.yaml)"),
     "verify": (
