@@ -34,9 +34,16 @@ class GDNInit:
     copied: dict[str, tuple[str, int, int]]
 
 
-def fresh_gdn_weights(config: ZebraConfig, layer_idx: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """A GDN mixer as ``ZebraForCausalLM(config)`` initialises it (linear layers ~ N(0, initializer_range))."""
-    module = ZebraGatedDeltaNet(config, layer_idx)
+def fresh_gdn_weights(config: ZebraConfig, layer_idx: int, seed: int) -> dict[str, torch.Tensor]:
+    """A GDN mixer as ``ZebraForCausalLM(config)`` initialises it (linear layers ~ N(0, initializer_range)).
+
+    Seeded per layer (without touching the caller's global RNG), so the same seed gives the same model.
+    """
+    layer_seed = seed * 100_003 + layer_idx
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(layer_seed)
+        module = ZebraGatedDeltaNet(config, layer_idx)
+    generator = torch.Generator().manual_seed(layer_seed)
     with torch.no_grad():
         for sub in module.modules():
             if isinstance(sub, nn.Linear):
@@ -51,9 +58,9 @@ def init_gdn_from_attention(
     *,
     num_heads: int,
     num_kv_heads: int,
-    generator: torch.Generator,
+    seed: int = 0,
 ) -> GDNInit:
-    weights = fresh_gdn_weights(config, layer_idx, generator)
+    weights = fresh_gdn_weights(config, layer_idx, seed)
     sources = {
         "q_proj.weight": layer["q"],
         "k_proj.weight": expand_kv_heads(layer["k"], num_kv_heads, num_heads),

@@ -277,12 +277,14 @@ def _convert_layer(planner: _Planner, index: int, emit, expected: dict[str, tupl
             rope_key_spread=init.rope_key_spread,
         )  # fmt: skip
     else:
-        generator = torch.Generator().manual_seed(planner.options.seed * 100_003 + index)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(planner.options.seed * 100_003 + index)
-            init = init_gdn_from_attention(
-                tensors, config, index, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads, generator=generator
-            )
+        init = init_gdn_from_attention(
+            tensors,
+            config,
+            index,
+            num_heads=shape.num_heads,
+            num_kv_heads=shape.num_kv_heads,
+            seed=planner.options.seed,
+        )
         weights = {f"{prefix}gdn.{name}": tensor for name, tensor in init.weights.items()}
         copied = {name: f"{kind} 0..{n} of {total}" for name, (kind, n, total) in init.copied.items()}
         row = LayerReport(index, GDN, base_params, 0, copied=copied)
