@@ -2,7 +2,8 @@
 
 Checked against plain references computed in the test: the base's own logits, the singular values of
 the base matrices (Eckart–Young), the base tensors the GDN projections copy, and the bytes the model's
-cache really holds.
+cache really holds. The slow tests train the converted model through ``llamafactory-cli``, chat with
+it, and run the sensitivity selection (the base model once per layer).
 """
 
 import json
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors import safe_open
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -20,6 +22,8 @@ from llamafactory_zebra.convert.mla_init import head_dim_order
 from llamafactory_zebra.convert.plan import resolve_dims
 from llamafactory_zebra.convert.source import base_shape
 
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "examples" / "data" / "zebra_demo.json"
 HEADS, KV_HEADS, HEAD_DIM, HIDDEN, LAYERS = 4, 2, 32, 64, 4
 ROPE = HEAD_DIM // 2
 
@@ -285,3 +289,95 @@ def test_cli_reports_bad_input_with_exit_code_2(base_dir, tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert "indices [9] are out of range" in result.stdout
     assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from llamafactory_zebra.tokenization import build_tiny_tokenizer
+
+    return build_tiny_tokenizer()
+
+
+def start_training(args: dict, tmp_path: Path) -> subprocess.Popen:
+    config = tmp_path / f"{args['finetuning_type']}.yaml"
+    config.write_text(yaml.safe_dump(args))
+    return subprocess.Popen(
+        ["llamafactory-cli", "train", str(config)],
+        cwd=tmp_path,
+        env={**os.environ, "DISABLE_VERSION_CHECK": "1", "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def logged_losses(run: subprocess.Popen, output_dir: str) -> list[float]:
+    log, _ = run.communicate(timeout=600)
+    assert run.returncode == 0, log[-6000:]
+    lines = (Path(output_dir) / "trainer_log.jsonl").read_text().splitlines()
+    return [entry["loss"] for entry in map(json.loads, lines) if "loss" in entry]
+
+
+@pytest.mark.slow
+def test_converted_qwen3_trains_full_and_lora_then_chats(tokenizer, tmp_path):
+    base = qwen3_base(tmp_path / "qwen3", tokenizer=tokenizer)
+    zebra = convert_checkpoint(base, tmp_path / "zebra", ConversionOptions(mla_layers=[1, 3]), progress=False).output
+    common = {
+        "model_name_or_path": str(zebra),
+        "stage": "sft",
+        "do_train": True,
+        "dataset": "zebra_demo",
+        "dataset_dir": str(DEMO.parent),
+        "template": "qwen3",
+        "cutoff_len": 96,
+        "max_samples": 8,
+        "per_device_train_batch_size": 2,
+        "max_steps": 3,
+        "logging_steps": 1,
+        "learning_rate": 1.0e-2,
+        "lr_scheduler_type": "constant",
+        "save_strategy": "no",
+        "report_to": "none",
+        "preprocessing_num_workers": 1,
+        "dataloader_num_workers": 0,
+        "overwrite_cache": True,
+        "overwrite_output_dir": True,
+        "bf16": False,
+    }
+    # Both runs at once: each is mostly process start-up, and CI has two cores.
+    full = {"finetuning_type": "full", "output_dir": str(tmp_path / "full")}
+    lora = {"finetuning_type": "lora", "lora_target": "all", "lora_rank": 4, "output_dir": str(tmp_path / "lora")}
+    runs = [(start_training({**common, **args}, tmp_path), args["output_dir"]) for args in (full, lora)]
+    full, adapted = (logged_losses(run, output_dir) for run, output_dir in runs)
+    for losses in (full, adapted):
+        assert len(losses) == 3 and all(torch.isfinite(torch.tensor(losses)))
+        assert losses[-1] < losses[0]
+    targets = set(json.loads((tmp_path / "lora" / "adapter_config.json").read_text())["target_modules"])
+    assert {"q_a_proj", "kv_b_proj", "out_proj", "q_proj", "g_proj"} <= targets
+
+    from llamafactory.chat import ChatModel
+
+    chat = ChatModel(
+        {"model_name_or_path": str(tmp_path / "full"), "template": "qwen3", "infer_backend": "huggingface",
+         "max_new_tokens": 6, "do_sample": False}
+    )  # fmt: skip
+    responses = chat.chat([{"role": "user", "content": "What is 2 + 2?"}])
+    assert type(chat.engine.model).__name__ == "ZebraForCausalLM"
+    assert responses[0].response_length >= 1
+
+
+@pytest.mark.slow
+def test_sensitivity_puts_mla_where_replacing_attention_moves_the_output_most(tokenizer, tmp_path):
+    def make_layer_2_matter(model):
+        for index, layer in enumerate(model.model.layers):
+            layer.self_attn.o_proj.weight.mul_(2.0 if index == 2 else 0.05)
+
+    base = qwen3_base(tmp_path / "qwen3", tokenizer=tokenizer, edit=make_layer_2_matter)
+    options = ConversionOptions(num_mla=1, select="sensitivity", data=str(DEMO), score_tokens=64)
+    result = convert_checkpoint(base, tmp_path / "zebra", options, progress=False, log=lambda _: None)
+    scores = {
+        int(k): v for k, v in json.loads((tmp_path / "zebra" / "layer_scores.json").read_text())["scores"].items()
+    }
+    assert sorted(scores) == [0, 1, 2, 3] and all(score > 0 for score in scores.values())
+    assert max(scores, key=scores.get) == 2
+    assert result.config.mla_layers == [2]
