@@ -135,6 +135,37 @@ def test_full_rank_mla_reproduces_every_projection_product(full_rank_all_mla, ba
     assert torch.equal(out["lm_head.weight"], base_tensors["model.embed_tokens.weight"])  # tied base, untied copy
 
 
+def representable_by_mla(model):
+    """Make the two things MLA cannot represent vanish: the query dims that become nope (the odd rotary
+    pairs, i.e. the odd dims here) carry nothing, and both KV heads have the same rope rows (even dims)."""
+    for layer in model.model.layers:
+        per_head(layer.self_attn.q_proj.weight, HEADS)[:, 1::2] = 0.0
+        keys = per_head(layer.self_attn.k_proj.weight, KV_HEADS)
+        keys[1:, 0::2] = keys[0, 0::2]
+
+
+def test_full_rank_all_mla_gives_the_base_logits_where_mla_can_represent_the_base(tmp_path):
+    from llamafactory_zebra import ZebraForCausalLM
+
+    base_path = qwen3_base(tmp_path / "base", edit=representable_by_mla)
+    options = ConversionOptions(num_mla=LAYERS, allow_single_kind=True, q_lora_rank=HIDDEN, kv_lora_rank=HIDDEN)
+    result = convert_checkpoint(base_path, tmp_path / "mla", options, progress=False)
+    assert all(row.rope_key_spread < 1e-6 for row in result.report.layers)
+    base = Qwen3ForCausalLM.from_pretrained(base_path, attn_implementation="eager").eval()
+    zebra = ZebraForCausalLM.from_pretrained(result.output, attn_implementation="eager").eval()
+    tokens = torch.randint(0, 97, (2, 24))
+    with torch.no_grad():
+        expected, logits = base(tokens).logits, zebra(tokens).logits
+    torch.testing.assert_close(logits, expected, atol=2e-5, rtol=1e-5)
+    # Without the edit the same conversion is only an approximation (what distillation then repairs).
+    approximate = ZebraForCausalLM.from_pretrained(
+        convert_checkpoint(qwen3_base(tmp_path / "plain"), tmp_path / "plain-mla", options, progress=False).output
+    ).eval()
+    plain = Qwen3ForCausalLM.from_pretrained(tmp_path / "plain").eval()
+    with torch.no_grad():
+        assert (approximate(tokens).logits - plain(tokens).logits).abs().max() > 1e-2
+
+
 def test_reduced_ranks_lose_exactly_the_discarded_singular_value_energy(base_dir, base_tensors, tmp_path):
     q_rank, kv_rank = 20, 12
     options = ConversionOptions(mla_layers=[0, 2], q_lora_rank=q_rank, kv_lora_rank=kv_rank)

@@ -78,6 +78,10 @@ def zebra_config_for(shape: BaseShape, base_config: dict, dims: ZebraDims, layer
         "eos_token_id": base_config.get("eos_token_id"),
         "pad_token_id": base_config.get("pad_token_id"),
     }
+    if hasattr(ZebraConfig, "mla_norm"):
+        # The released layout: interleaved rope pairs; Qwen3's q/k norms as the MLA per-head norms.
+        values["rope_interleave"] = True
+        values["mla_norm"] = "qk_head" if shape.has_qk_norm else "none"
     try:
         config = ZebraConfig(**values)
     except ValueError as error:

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..configuration_zebra import MLA, ZebraConfig
+from ..configuration_zebra import ZebraConfig
 from .source import BaseShape
 
 REPORT_NAME = "conversion_report.json"
@@ -77,7 +77,8 @@ class ConversionReport:
 
 def kv_bytes_per_token(config: ZebraConfig, itemsize: int) -> int:
     """MLA caches the latent and the rope key per token; GDN layers cache nothing that grows."""
-    return sum(config.kv_lora_rank + config.qk_rope_head_dim for t in config.layer_types if t == MLA) * itemsize
+    channels = getattr(config, "mla_cache_channels", config.kv_lora_rank + config.qk_rope_head_dim)
+    return channels * len(config.mla_layers) * itemsize
 
 
 def gdn_state_bytes(config: ZebraConfig, itemsize: int) -> int:
