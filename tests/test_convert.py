@@ -251,6 +251,22 @@ def test_report_cache_bytes_match_what_the_converted_model_caches(full_rank_all_
     assert report.params == sum(p.numel() for p in model.parameters())
 
 
+def test_llama_base_converts_without_mla_norms_and_loads_strictly(tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from llamafactory_zebra import ZebraForCausalLM
+
+    config = LlamaConfig(vocab_size=97, hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, rope_theta=500000.0)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "llama")
+    result = convert_checkpoint(tmp_path / "llama", tmp_path / "zebra", ConversionOptions(num_mla=1), progress=False)
+    assert result.report.base_family == "llama"
+    assert result.config.rope_parameters["rope_theta"] == 500000.0
+    assert getattr(result.config, "mla_norm", "none") == "none"
+    model = ZebraForCausalLM.from_pretrained(result.output)  # strict: every weight present, none unexpected
+    assert not any("q_norm" in name or "k_norm" in name for name, _ in model.named_parameters())
+
+
 def _break_config(key, value):
     def edit(path):
         config = json.loads((path / "config.json").read_text())
