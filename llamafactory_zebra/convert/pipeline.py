@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..checkpoint import TOKENIZER_AND_GENERATION_FILES
-from ..configuration_zebra import GDN, MLA, ZebraConfig
+from ..configuration_zebra import GDN, MLA, MLA_NORM_NONE, MLA_NORM_QK_HEAD, ZebraConfig
 from .gdn_init import init_gdn_from_attention
 from .mla_init import init_mla_from_attention
 from .plan import (
@@ -77,11 +77,10 @@ def zebra_config_for(shape: BaseShape, base_config: dict, dims: ZebraDims, layer
         "bos_token_id": base_config.get("bos_token_id"),
         "eos_token_id": base_config.get("eos_token_id"),
         "pad_token_id": base_config.get("pad_token_id"),
+        # The released layout: interleaved rope pairs; Qwen3's q/k norms become the MLA per-head norms.
+        "rope_interleave": True,
+        "mla_norm": MLA_NORM_QK_HEAD if shape.has_qk_norm else MLA_NORM_NONE,
     }
-    if hasattr(ZebraConfig, "mla_norm"):
-        # The released layout: interleaved rope pairs; Qwen3's q/k norms as the MLA per-head norms.
-        values["rope_interleave"] = True
-        values["mla_norm"] = "qk_head" if shape.has_qk_norm else "none"
     try:
         config = ZebraConfig(**values)
     except ValueError as error:
@@ -265,15 +264,9 @@ def _convert_layer(planner: _Planner, index: int, emit, expected: dict[str, tupl
             qk_rope_head_dim=config.qk_rope_head_dim,
             q_lora_rank=config.q_lora_rank,
             kv_lora_rank=config.kv_lora_rank,
-            interleave=bool(getattr(config, "rope_interleave", False)),
+            interleave=config.rope_interleave,
         )
-        mixer = f"{prefix}mla."
-        weights = {mixer + name: tensor for name, tensor in init.weights.items() if mixer + name in expected}
-        for name in sorted(n for n in expected if n.startswith(mixer) and n not in weights):
-            # Norms the base has no counterpart for start as the identity, as in a fresh model.
-            if not name.endswith("norm.weight"):
-                raise RuntimeError(f"no initialisation for {name}")
-            weights[name] = torch.ones(expected[name])
+        weights = {f"{prefix}mla.{name}": tensor for name, tensor in init.weights.items()}
         row = LayerReport(
             index, MLA, base_params, 0,
             q_rank=init.q.rank, q_relative_error=init.q.relative_error, q_energy_kept=init.q.energy_kept,

@@ -76,9 +76,8 @@ class ConversionReport:
 
 
 def kv_bytes_per_token(config: ZebraConfig, itemsize: int) -> int:
-    """MLA caches the latent and the rope key per token; GDN layers cache nothing that grows."""
-    channels = getattr(config, "mla_cache_channels", config.kv_lora_rank + config.qk_rope_head_dim)
-    return channels * len(config.mla_layers) * itemsize
+    """MLA caches ``config.mla_cache_channels`` values per token; GDN layers cache nothing that grows."""
+    return config.mla_cache_channels * len(config.mla_layers) * itemsize
 
 
 def gdn_state_bytes(config: ZebraConfig, itemsize: int) -> int:
