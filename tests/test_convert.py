@@ -7,10 +7,13 @@ it, and run the sensitivity selection (the base model once per layer).
 """
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors import safe_open
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -330,6 +333,33 @@ def test_cli_reports_bad_input_with_exit_code_2(base_dir, tmp_path, capsys):
     assert main(["convert", str(base_dir), str(tmp_path / "out"), "--mla-layers", "0,9"]) == 2
     assert "indices [9] are out of range" in capsys.readouterr().out
     assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from llamafactory_zebra.tokenization import build_tiny_tokenizer
+
+    return build_tiny_tokenizer()
+
+
+def start_training(args: dict, tmp_path: Path) -> subprocess.Popen:
+    config = tmp_path / f"{args['finetuning_type']}.yaml"
+    config.write_text(yaml.safe_dump(args))
+    return subprocess.Popen(
+        ["llamafactory-cli", "train", str(config)],
+        cwd=tmp_path,
+        env={**os.environ, "DISABLE_VERSION_CHECK": "1", "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def logged_losses(run: subprocess.Popen, output_dir: str) -> list[float]:
+    log, _ = run.communicate(timeout=600)
+    assert run.returncode == 0, log[-6000:]
+    lines = (Path(output_dir) / "trainer_log.jsonl").read_text().splitlines()
+    return [entry["loss"] for entry in map(json.loads, lines) if "loss" in entry]
 
 
 @pytest.mark.slow
