@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -211,12 +213,7 @@ def _write_model(planner: _Planner, progress: bool) -> ConversionReport:
         emit("lm_head.weight", embed.clone())
     del embed
 
-    rows = []
-    layers = tqdm(range(shape.num_layers), desc="converting layers", unit="layer", disable=not progress)
-    for index in layers:
-        kind = config.layer_types[index]
-        layers.set_postfix_str(kind)
-        rows.append(_convert_layer(planner, index, emit, expected))
+    rows = _convert_layers(planner, emit, expected, progress)
 
     tail = ["model.norm.weight"] + ([] if shape.tie_word_embeddings else ["lm_head.weight"])
     for name, tensor in checkpoint.read(tail).items():
@@ -246,49 +243,80 @@ def _write_model(planner: _Planner, progress: bool) -> ConversionReport:
     )
 
 
-def _convert_layer(planner: _Planner, index: int, emit, expected: dict[str, tuple[int, ...]]) -> LayerReport:
+# MLA factorisations waiting for their turn to be written; more would hold more layers in memory.
+MAX_PENDING_FACTORISATIONS = 2
+
+
+def _convert_layers(
+    planner: _Planner, emit, expected: dict[str, tuple[int, ...]], progress: bool
+) -> list[LayerReport]:
+    """Convert every decoder layer in order, factorising MLA layers on a worker thread.
+
+    The eigendecompositions (LAPACK, GIL released) then overlap with reading, initialising and writing
+    the GDN layers that follow; at most ``MAX_PENDING_FACTORISATIONS`` MLA layers wait at any time.
+    """
     shape, config = planner.shape, planner.config
-    tensors = planner.checkpoint.read_layer(index)
-    prefix = f"model.layers.{index}."
-    base_params = sum(t.numel() for t in tensors.values())
-    for name in ("input_layernorm", "post_attention_layernorm"):
-        emit(f"{prefix}{name}.weight", tensors[name])
-    for name in ("gate_proj", "up_proj", "down_proj"):
-        emit(f"{prefix}mlp.{name}.weight", tensors[name])
-    if config.layer_types[index] == MLA:
-        init = init_mla_from_attention(
-            tensors,
-            num_heads=shape.num_heads,
-            num_kv_heads=shape.num_kv_heads,
-            mla_kv_heads=config.num_key_value_heads,
-            qk_rope_head_dim=config.qk_rope_head_dim,
-            q_lora_rank=config.q_lora_rank,
-            kv_lora_rank=config.kv_lora_rank,
-            interleave=config.rope_interleave,
-        )
-        weights = {f"{prefix}mla.{name}": tensor for name, tensor in init.weights.items()}
-        row = LayerReport(
-            index, MLA, base_params, 0,
+    rows: dict[int, LayerReport] = {}
+    pending: deque[tuple[int, int, Future]] = deque()
+
+    def finish(index: int, base_params: int, future: Future) -> None:
+        init = future.result()
+        for name, tensor in init.weights.items():
+            emit(f"model.layers.{index}.mla.{name}", tensor)
+        rows[index] = LayerReport(
+            index, MLA, base_params, _layer_params(expected, index),
             q_rank=init.q.rank, q_relative_error=init.q.relative_error, q_energy_kept=init.q.energy_kept,
             kv_rank=init.kv.rank, kv_relative_error=init.kv.relative_error, kv_energy_kept=init.kv.energy_kept,
             rope_key_spread=init.rope_key_spread,
         )  # fmt: skip
-    else:
-        init = init_gdn_from_attention(
-            tensors,
-            config,
-            index,
-            num_heads=shape.num_heads,
-            num_kv_heads=shape.num_kv_heads,
-            seed=planner.options.seed,
-        )
-        weights = {f"{prefix}gdn.{name}": tensor for name, tensor in init.weights.items()}
-        copied = {name: f"{kind} 0..{n} of {total}" for name, (kind, n, total) in init.copied.items()}
-        row = LayerReport(index, GDN, base_params, 0, copied=copied)
-    for name, tensor in weights.items():
-        emit(name, tensor)
-    row.params = sum(torch.Size(s).numel() for n, s in expected.items() if n.startswith(prefix))
-    return row
+
+    layers = tqdm(range(shape.num_layers), desc="converting layers", unit="layer", disable=not progress)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mla-factorisation") as factoriser:
+        for index in layers:
+            layers.set_postfix_str(config.layer_types[index])
+            tensors = planner.checkpoint.read_layer(index)
+            base_params = sum(t.numel() for t in tensors.values())
+            prefix = f"model.layers.{index}."
+            for name in ("input_layernorm", "post_attention_layernorm"):
+                emit(f"{prefix}{name}.weight", tensors[name])
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                emit(f"{prefix}mlp.{name}.weight", tensors[name])
+            if config.layer_types[index] == MLA:
+                future = factoriser.submit(
+                    init_mla_from_attention,
+                    tensors,
+                    num_heads=shape.num_heads,
+                    num_kv_heads=shape.num_kv_heads,
+                    mla_kv_heads=config.num_key_value_heads,
+                    qk_rope_head_dim=config.qk_rope_head_dim,
+                    q_lora_rank=config.q_lora_rank,
+                    kv_lora_rank=config.kv_lora_rank,
+                    interleave=config.rope_interleave,
+                )
+                pending.append((index, base_params, future))
+            else:
+                init = init_gdn_from_attention(
+                    tensors,
+                    config,
+                    index,
+                    num_heads=shape.num_heads,
+                    num_kv_heads=shape.num_kv_heads,
+                    seed=planner.options.seed,
+                )
+                for name, tensor in init.weights.items():
+                    emit(f"{prefix}gdn.{name}", tensor)
+                copied = {name: f"{kind} 0..{n} of {total}" for name, (kind, n, total) in init.copied.items()}
+                rows[index] = LayerReport(index, GDN, base_params, _layer_params(expected, index), copied=copied)
+            while pending and (pending[0][2].done() or len(pending) > MAX_PENDING_FACTORISATIONS):
+                finish(*pending.popleft())
+        while pending:
+            finish(*pending.popleft())
+    return [rows[index] for index in range(shape.num_layers)]
+
+
+def _layer_params(expected: dict[str, tuple[int, ...]], index: int) -> int:
+    prefix = f"model.layers.{index}."
+    return sum(torch.Size(shape).numel() for name, shape in expected.items() if name.startswith(prefix))
 
 
 def _copy_tokenizer_and_generation_config(planner: _Planner) -> None:
