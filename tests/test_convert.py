@@ -220,7 +220,9 @@ def test_gdn_projections_are_bit_exact_copies_of_the_attention_blocks(base_dir, 
 
 
 def test_uniform_plan_and_default_dims_reproduce_the_released_qwen3_1_7b_layout():
-    from llamafactory_zebra import ZebraConfig
+    from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
+    from llamafactory_zebra.convert.pipeline import zebra_config_for
+    from llamafactory_zebra.convert.plan import layer_types_from
 
     assert uniform_mla_layers(28, 7) == [1, 5, 9, 13, 17, 21, 25]
     assert uniform_mla_layers(28, 14) == list(range(0, 28, 2))
@@ -230,11 +232,17 @@ def test_uniform_plan_and_default_dims_reproduce_the_released_qwen3_1_7b_layout(
         "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
         "vocab_size": 151936, "rope_theta": 1000000, "torch_dtype": "bfloat16",
     }  # fmt: skip
-    dims = resolve_dims(ConversionOptions(), base_shape(qwen3_1_7b, "Qwen3-1.7B"))
+    shape = base_shape(qwen3_1_7b, "Qwen3-1.7B")
+    dims = resolve_dims(ConversionOptions(), shape)
     released = ZebraConfig.from_preset("qwen3-1.7b-7mla21gdn-8k")
     for field in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                   "gdn_num_heads", "gdn_head_dim", "gdn_expand_v", "gdn_conv_size"):  # fmt: skip
         assert getattr(dims, field) == getattr(released, field), field
+    config = zebra_config_for(shape, qwen3_1_7b, dims, layer_types_from(uniform_mla_layers(28, 7), 28))
+    assert config.layer_types == released.layer_types
+    assert (config.mla_norm, config.rope_interleave) == (released.mla_norm, released.rope_interleave)
+    with torch.device("meta"):
+        assert sum(p.numel() for p in ZebraForCausalLM(config).parameters()) == 2_284_173_820  # published count
 
 
 def test_report_cache_bytes_match_what_the_converted_model_caches(full_rank_all_mla, base_dir):
