@@ -180,6 +180,8 @@ def convert_checkpoint(
     planner = _Planner(base, output, options or ConversionOptions(), overwrite)
     scores = planner.choose_layers(log)
     planner.output.mkdir(parents=True, exist_ok=True)
+    for stale in [*planner.output.glob("*.safetensors"), *planner.output.glob("*.safetensors.index.json")]:
+        stale.unlink()  # --overwrite: weights of an earlier conversion must not mix with these
     if scores is not None:
         with open(planner.output / "layer_scores.json", "w", encoding="utf-8") as f:
             json.dump(scores, f, indent=2)
