@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from ..configuration_zebra import ZebraConfig
 from ..layers.gated_deltanet import ZebraGatedDeltaNet
@@ -35,19 +34,21 @@ class GDNInit:
 
 
 def fresh_gdn_weights(config: ZebraConfig, layer_idx: int, seed: int) -> dict[str, torch.Tensor]:
-    """A GDN mixer as ``ZebraForCausalLM(config)`` initialises it (linear layers ~ N(0, initializer_range)).
+    """A GDN mixer initialised by ``ZebraPreTrainedModel._init_weights``, as in ``ZebraForCausalLM(config)``.
 
-    Seeded per layer (without touching the caller's global RNG), so the same seed gives the same model.
+    Built on the meta device and materialised empty, so every parameter is drawn once (torch's own
+    constructor init would draw it a second time); seeded per layer without touching the caller's RNG.
     """
-    layer_seed = seed * 100_003 + layer_idx
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(layer_seed)
+    from ..modeling_zebra import ZebraPreTrainedModel
+
+    with torch.device("meta"):
         module = ZebraGatedDeltaNet(config, layer_idx)
-    generator = torch.Generator().manual_seed(layer_seed)
-    with torch.no_grad():
-        for sub in module.modules():
-            if isinstance(sub, nn.Linear):
-                sub.weight.normal_(0.0, config.initializer_range, generator=generator)
+    module.to_empty(device="cpu")
+    initialiser = ZebraPreTrainedModel(config)  # holds no layers; carries the config into _init_weights
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed * 100_003 + layer_idx)
+        for submodule in module.modules():
+            initialiser._init_weights(submodule)
     return dict(module.state_dict())
 
 
