@@ -28,6 +28,7 @@ SUBCOMMANDS = {
     ),
     "doctor": ("llamafactory_zebra.cli.doctor", "check the GPU/ROCm/CUDA software environment"),
     "plan": ("llamafactory_zebra.cli.plan", "estimate per-GPU memory of a training YAML"),
+    "eval-long": ("llamafactory_zebra.cli.eval_long_cmd", "RULER-style long-context scores of an inference YAML"),
 }
 
 

@@ -1,0 +1,65 @@
+"""Load the model under test exactly as ``llamafactory-cli chat`` does, from the same inference YAML.
+
+LLaMA-Factory's own argument parser, tokenizer loader, template fixer and model loader (adapters,
+quantisation, RoPE scaling, dtype and device placement included) are used, so a Zebra model and a
+Qwen3 baseline go through one code path and the chat template matches what users chat with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any
+    template: Any
+    name: str
+    dataset_dir: str
+    max_position_embeddings: int | None
+
+
+def read_inference_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such inference YAML")
+    args = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(args, dict) or "model_name_or_path" not in args:
+        raise ValueError(
+            f"{path}: an inference YAML needs model_name_or_path (and usually template, adapter_name_or_path)"
+        )
+    return args
+
+
+def max_positions(model_name_or_path: str, trust_remote_code: bool = False) -> int | None:
+    """``max_position_embeddings`` from the model's config, read before any weight is loaded."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_name_or_path, trust_remote_code=trust_remote_code)
+    return getattr(config, "max_position_embeddings", None)
+
+
+def load_for_evaluation(args: dict[str, Any]) -> LoadedModel:
+    from llamafactory.data import get_template_and_fix_tokenizer
+    from llamafactory.hparams import get_infer_args
+    from llamafactory.model import load_model, load_tokenizer
+
+    model_args, data_args, finetuning_args, _ = get_infer_args(dict(args))
+    tokenizer = load_tokenizer(model_args)["tokenizer"]
+    tokenizer.padding_side = "left"
+    template = get_template_and_fix_tokenizer(tokenizer, data_args)
+    model = load_model(tokenizer, model_args, finetuning_args, is_trainable=False)
+    model.eval()
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        template=template,
+        name=str(args.get("adapter_name_or_path") or args["model_name_or_path"]),
+        dataset_dir=data_args.dataset_dir,
+        max_position_embeddings=getattr(model.config, "max_position_embeddings", None),
+    )
