@@ -229,8 +229,9 @@ class ZebraConfig(PreTrainedConfig):
 
     @property
     def mla_cache_channels(self) -> int:
-        """Values an MLA layer caches per token: latent + rope key (+ the rope energy for ``qk_head``)."""
-        return self.kv_lora_rank + self.qk_rope_head_dim + (self.mla_norm == MLA_NORM_QK_HEAD)
+        """Values an MLA layer caches per token: latent + rope key (+ each key head's ``1 / rms`` for ``qk_head``)."""
+        qk_head_scales = self.num_key_value_heads if self.mla_norm == MLA_NORM_QK_HEAD else 0
+        return self.kv_lora_rank + self.qk_rope_head_dim + qk_head_scales
 
     @property
     def num_key_value_groups(self) -> int:

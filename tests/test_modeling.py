@@ -139,7 +139,8 @@ def test_mla_cache_holds_the_latent_not_expanded_kv():
     with torch.no_grad():
         model(torch.randint(0, 97, (1, 10)), past_key_values=cache, use_cache=True)
     cfg = model.config
-    per_token = len(cfg.mla_layers) * (cfg.kv_lora_rank + cfg.qk_rope_head_dim + 1) * 4  # + rope energy (qk_head)
+    per_token = len(cfg.mla_layers) * cfg.mla_cache_channels * 4
+    assert cfg.mla_cache_channels == cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.num_key_value_heads  # qk_head
     assert cache.bytes_per_token() == per_token
     expanded = len(cfg.mla_layers) * cfg.num_key_value_heads * (cfg.qk_head_dim + cfg.v_head_dim) * 4
     assert per_token < expanded

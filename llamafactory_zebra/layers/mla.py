@@ -20,11 +20,10 @@ Where the norms sit (``config.mla_norm``):
   ``q_norm`` on each query head right after ``q_b_proj``, before the nope/rope split and RoPE;
   ``k_norm`` on each key head ``[k_nope_h; k_pe]`` before RoPE. The cache stays un-normalised and the
   key norm is applied after expansion: per token it holds the raw latent, and as "rope key" the rotated
-  ``k_norm.weight[nope:] ⊙ k_pe`` followed by one extra channel, ``Σ k_pe²`` — the per-head RMS needs
-  the rope part's energy (rotation-invariant) and the weight must act before the rotation, which a
-  cached rotated key no longer allows. ``expand`` then forms ``rms_h = sqrt((Σ k_nope_h² + Σ k_pe²) /
-  qk_head_dim + eps)`` and returns ``[k_nope_h ⊙ w_nope; rope] / rms_h``. An absorbed-matrix decode
-  must apply the same per-head ``1 / rms_h`` to the key (it depends on ``k_nope_h = W_uk_h · latent``).
+  ``k_norm.weight[nope:] ⊙ k_pe`` (the weight must act before the rotation) followed by one channel per
+  key head with ``1 / rms_h``, ``rms_h = sqrt((Σ k_nope_h² + Σ k_pe²) / qk_head_dim + eps)``. A token's
+  scale is fixed once it is cached, so it is computed once, from that token's own ``k_nope_h =
+  W_uk_h · latent``; ``expand`` returns ``[k_nope_h ⊙ w_nope; rope] / rms_h``.
 - ``lora`` (AMD's ``use_lora_layer_norm``): ``q_a_layernorm`` between ``q_a_proj`` and ``q_b_proj``;
   ``kv_a_layernorm`` on the latent before caching (the cache holds the normalised latent).
 - ``none``: no norm in the mixer (the Llama-based HyLo models).
@@ -32,6 +31,14 @@ Where the norms sit (``config.mla_norm``):
 Attention itself goes through transformers' attention interface, so ``eager``, ``sdpa`` and
 ``flash_attention_2`` (with its varlen path for packed sequences) all work unchanged; FlashAttention
 goes through ``flash_attention.py`` (transformers' FA core without a transformers 5.6.0 bug).
+
+Decoding (a cache with earlier tokens and a few new queries) takes the absorbed path of DeepSeek-V2
+(§2.1.2 of its report): ``kv_b_proj``'s key half is folded into the queries and its value half into the
+output, so a step reads the cached latents once — ``heads × (r + d)`` values per cached token —
+instead of expanding every past token to ``kv_heads × (nope + v)`` keys and values at every step.
+For ``qk_head`` the query nope part is first multiplied by ``k_norm``'s nope weights and each score by
+the cached ``1 / rms_h``, which keeps the absorption exact (the score is linear in the latent once the
+per-token scale is fixed).
 """
 
 from __future__ import annotations
@@ -69,6 +76,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
 def interleaved_to_half_split(dim: int) -> list[int]:
     """Row order [0, 2, …, dim-2, 1, 3, …, dim-1]: interleaved rope rows as half-split ones."""
     return [*range(0, dim, 2), *range(1, dim, 2)]
+
+
+# Query lengths that take the absorbed path when a cache holds earlier tokens (one-token decode, and the
+# few tokens of assisted/speculative decoding); longer chunks (chunked prefill) expand the latents.
+ABSORBED_DECODE_MAX_QUERIES = 16
 
 
 def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -131,6 +143,8 @@ class ZebraMLA(nn.Module):
         self.rope_interleave = config.rope_interleave
         self.mla_norm = config.mla_norm
         self.attention_dropout = config.attention_dropout
+        # Off only to measure or test the expanding path against it (benchmarks/bench_decode.py).
+        self.absorbed_decode = True
         self.is_causal = True
         self.scaling = self.qk_head_dim**-0.5 * yarn_softmax_mscale(config)
 
@@ -182,14 +196,28 @@ class ZebraMLA(nn.Module):
         """What the decode cache holds per token: the latent and the rotated rope key.
 
         For ``qk_head`` the rope key is ``k_norm``'s rope weights times ``k_pe``, rotated, plus one channel
-        with ``Σ k_pe²`` (see the module docstring).
+        per key head with that head's ``1 / rms`` (see the module docstring).
         """
         if self.mla_norm != MLA_NORM_QK_HEAD:
             return latent, apply_rotary(rope_key, cos, sin, self.rope_interleave)
-        energy = rope_key.to(torch.promote_types(rope_key.dtype, torch.float32)).pow(2).sum(-1, keepdim=True)
+        compute = torch.promote_types(rope_key.dtype, torch.float32)
+        key_nope = nn.functional.linear(latent.squeeze(1), self.key_up_weight().flatten(0, 1))
+        key_nope = key_nope.unflatten(-1, (self.num_key_value_heads, self.qk_nope_head_dim))
+        energy = key_nope.to(compute).pow(2).sum(-1) + rope_key.squeeze(1).to(compute).pow(2).sum(-1, keepdim=True)
+        inverse_rms = torch.rsqrt(energy / self.qk_head_dim + self.k_norm.variance_epsilon)
         weighted = rope_key * self.k_norm.weight[self.qk_nope_head_dim :]
         rotated = apply_rotary(weighted, cos, sin, self.rope_interleave)
-        return latent, torch.cat((rotated, energy.to(rotated.dtype)), dim=-1)
+        return latent, torch.cat((rotated, inverse_rms.unsqueeze(1).to(rotated.dtype)), dim=-1)
+
+    def key_up_weight(self) -> torch.Tensor:
+        """``kv_b_proj``'s key half as ``[kv_heads, nope, r]``."""
+        weight = self.kv_b_proj.weight.view(self.num_key_value_heads, self.qk_nope_head_dim + self.v_head_dim, -1)
+        return weight[:, : self.qk_nope_head_dim]
+
+    def value_up_weight(self) -> torch.Tensor:
+        """``kv_b_proj``'s value half as ``[kv_heads, v, r]``."""
+        weight = self.kv_b_proj.weight.view(self.num_key_value_heads, self.qk_nope_head_dim + self.v_head_dim, -1)
+        return weight[:, self.qk_nope_head_dim :]
 
     def expand(self, latent: torch.Tensor, rope_entry: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cached latent ``[B, 1, S, r]`` and rope entry ``[B, 1, S, ·]`` → keys and values ``[B, kv_heads, S, ·]``."""
@@ -200,10 +228,8 @@ class ZebraMLA(nn.Module):
         key_nope, value = kv.transpose(1, 2).split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
         rope_key = rope_entry
         if self.mla_norm == MLA_NORM_QK_HEAD:
-            rope_key, rope_energy = rope_entry.split([self.qk_rope_head_dim, 1], dim=-1)
-            compute = torch.promote_types(key_nope.dtype, torch.float32)
-            variance = (key_nope.to(compute).pow(2).sum(-1, keepdim=True) + rope_energy.to(compute)) / self.qk_head_dim
-            inverse_rms = torch.rsqrt(variance + self.k_norm.variance_epsilon)
+            rope_key, inverse_rms = rope_entry.split([self.qk_rope_head_dim, self.num_key_value_heads], dim=-1)
+            inverse_rms = inverse_rms.squeeze(1).transpose(1, 2).unsqueeze(-1)
             key_nope = self.k_norm.weight[: self.qk_nope_head_dim] * (key_nope * inverse_rms).to(key_nope.dtype)
             rope_key = (rope_key * inverse_rms).to(key_nope.dtype)
         else:
@@ -228,8 +254,16 @@ class ZebraMLA(nn.Module):
         query = torch.cat((query_nope, apply_rotary(query_rope, cos, sin, self.rope_interleave)), dim=-1)
 
         latent, rope_entry = self.cache_entry(*self.compress(hidden_states), cos, sin)
+        decoding = False
         if past_key_values is not None:
+            past_length = past_key_values.get_seq_length(self.layer_idx)
+            decoding = self.absorbed_decode and past_length > 0 and length <= ABSORBED_DECODE_MAX_QUERIES
             latent, rope_entry = past_key_values.update(latent, rope_entry, self.layer_idx)
+        if decoding:
+            output = self.absorbed_attention(
+                query_nope, query[..., self.qk_nope_head_dim :], latent, rope_entry, attention_mask
+            )
+            return self.out_proj(output)
         key, value = self.expand(latent, rope_entry)
 
         attention_interface: Callable = eager_attention_forward
@@ -250,3 +284,56 @@ class ZebraMLA(nn.Module):
             **kwargs,
         )
         return self.out_proj(output.reshape(batch, length, -1))
+
+    def absorbed_attention(
+        self,
+        query_nope: torch.Tensor,
+        query_rope: torch.Tensor,
+        latent: torch.Tensor,
+        rope_entry: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Attention over the cached latents without expanding them: ``[B, q, heads · v]``.
+
+        ``query_nope`` ``[B, heads, q, nope]`` (before any key weight), ``query_rope`` rotated; ``latent``
+        ``[B, 1, S, r]`` and ``rope_entry`` as cached. Query head ``h`` reads key/value head
+        ``h // groups``, as ``repeat_kv`` pairs them.
+        """
+        batch, _, queries, _ = query_nope.shape
+        groups, kv_heads = self.num_key_value_groups, self.num_key_value_heads
+        latent = latent.squeeze(1)
+        rope_key = rope_entry.squeeze(1)[..., : self.qk_rope_head_dim]
+        if self.mla_norm == MLA_NORM_QK_HEAD:
+            query_nope = query_nope * self.k_norm.weight[: self.qk_nope_head_dim]
+        query_nope = query_nope.view(batch, kv_heads, groups, queries, -1)
+        query_rope = query_rope.reshape(batch, kv_heads, groups, queries, -1)
+        query_latent = torch.einsum("bkgqn,knr->bkgqr", query_nope, self.key_up_weight())
+        scores = torch.einsum("bkgqr,bsr->bkgqs", query_latent, latent)
+        scores = scores + torch.einsum("bkgqd,bsd->bkgqs", query_rope, rope_key)
+        if self.mla_norm == MLA_NORM_QK_HEAD:
+            inverse_rms = rope_entry.squeeze(1)[..., self.qk_rope_head_dim :]
+            scores = scores * inverse_rms.transpose(1, 2)[:, :, None, None, :]
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * self.scaling
+        visible = decode_visibility(attention_mask, batch, queries, latent.shape[1], scores.device)
+        scores = scores.masked_fill(~visible[:, None, None], torch.finfo(scores.dtype).min)
+        weights = scores.softmax(dim=-1).to(latent.dtype)
+        context = torch.einsum("bkgqs,bsr->bkgqr", weights, latent)
+        output = torch.einsum("bkgqr,kvr->bqkgv", context, self.value_up_weight())
+        return output.reshape(batch, queries, self.num_heads * self.v_head_dim)
+
+
+def decode_visibility(
+    attention_mask: torch.Tensor | None, batch: int, queries: int, keys: int, device: torch.device
+) -> torch.Tensor:
+    """``[B, q, S]`` booleans: which cached keys each new query may read.
+
+    Accepts what the model hands its attention functions: a 4-D boolean or additive mask, a 2-D padding
+    mask (FlashAttention-2's convention), or ``None`` (causal, nothing padded).
+    """
+    causal = torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries)
+    if attention_mask is None:
+        return causal.expand(batch, -1, -1)
+    if attention_mask.dim() == 2:
+        return causal & attention_mask[:, None, -keys:].bool()
+    mask = attention_mask[:, 0, -queries:, -keys:]
+    return mask if mask.dtype == torch.bool else mask == 0

@@ -1,0 +1,108 @@
+"""Absorbed MLA decode (kv_b_proj folded into queries and output) against the expanding path and a
+one-shot forward, for every MLA norm placement and RoPE pairing, with left-padded batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
+from llamafactory_zebra.layers.mla import ZebraMLA
+from llamafactory_zebra.modeling_zebra import ZebraHybridCache
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def perturbed_tiny(attn: str, mla_norm: str, rope_interleave: bool) -> ZebraForCausalLM:
+    """The tiny model with every weight moved off its initial value (norm weights are not all ones)."""
+    torch.manual_seed(0)
+    config = ZebraConfig.from_preset(
+        "tiny", attn_implementation=attn, mla_norm=mla_norm, rope_interleave=rope_interleave
+    )
+    model = ZebraForCausalLM(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
+    return model
+
+
+def set_absorbed(model: ZebraForCausalLM, enabled: bool) -> None:
+    for module in model.modules():
+        if isinstance(module, ZebraMLA):
+            module.absorbed_decode = enabled
+
+
+def decode_logits(model, prompt, mask, steps):
+    """Prefill, then one token at a time, then three tokens in one step: logits of every new position."""
+    cache = ZebraHybridCache(model.config)
+    outputs = []
+    with torch.no_grad():
+        model(prompt, attention_mask=mask, past_key_values=cache)
+        for t in range(steps.shape[1]):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            outputs.append(model(steps[:, t : t + 1], attention_mask=mask, past_key_values=cache).logits)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :3])], dim=1)
+        outputs.append(model(steps[:, :3], attention_mask=mask, past_key_values=cache).logits)
+    return torch.cat(outputs, dim=1)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("rope_interleave", [False, True])
+@pytest.mark.parametrize("mla_norm", ["none", "qk_head", "lora"])
+def test_absorbed_decode_matches_the_expanding_path_and_a_one_shot_forward(
+    mla_norm, rope_interleave, attn, monkeypatch
+):
+    model = perturbed_tiny(attn, mla_norm, rope_interleave)
+    prompt = torch.randint(3, 1000, (3, 19))
+    mask = torch.ones_like(prompt)
+    mask[1, :6] = 0
+    mask[2, :1] = 0
+    steps = torch.randint(3, 1000, (3, 5))
+
+    set_absorbed(model, False)
+    expanded = decode_logits(model, prompt, mask, steps)
+    set_absorbed(model, True)
+    calls = []
+    original = ZebraMLA.absorbed_attention
+    monkeypatch.setattr(ZebraMLA, "absorbed_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
+    absorbed = decode_logits(model, prompt, mask, steps)
+    assert len(calls) == 6 * len(model.config.mla_layers)  # five 1-token steps and one 3-token step
+
+    sequence = torch.cat([prompt, steps, steps[:, :3]], dim=1)
+    full_mask = torch.cat([mask, torch.ones(3, 8, dtype=mask.dtype)], dim=1)
+    with torch.no_grad():
+        reference = model(sequence, attention_mask=full_mask).logits[:, prompt.shape[1] :]
+    torch.testing.assert_close(absorbed, expanded, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(absorbed, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_batched_left_padded_generation_equals_each_row_alone():
+    model = perturbed_tiny("sdpa", "qk_head", True)
+    rows = [torch.randint(3, 1000, (n,)) for n in (9, 16, 4)]
+    width = max(len(r) for r in rows)
+    batch = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(batch)
+    for i, row in enumerate(rows):
+        batch[i, width - len(row) :] = row
+        mask[i, width - len(row) :] = 1
+    together = model.generate(batch, attention_mask=mask, max_new_tokens=8, do_sample=False, pad_token_id=0)
+    for i, row in enumerate(rows):
+        alone = model.generate(row[None], max_new_tokens=8, do_sample=False, pad_token_id=0)
+        assert torch.equal(together[i, width:], alone[0, len(row) :])
+
+
+def test_qk_head_cache_holds_one_scale_per_key_head_next_to_the_latent():
+    model = perturbed_tiny("eager", "qk_head", False)
+    cache = ZebraHybridCache(model.config)
+    with torch.no_grad():
+        model(torch.randint(3, 1000, (2, 7)), past_key_values=cache)
+    layer = cache.layers[model.config.mla_layers[0]]
+    config = model.config
+    assert layer.keys.shape[-1] == config.kv_lora_rank
+    assert layer.values.shape[-1] == config.qk_rope_head_dim + config.num_key_value_heads
