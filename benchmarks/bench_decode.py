@@ -31,18 +31,24 @@ from pathlib import Path
 
 VARIANTS = ("stock", "chunked+absorbed", "qwen3")
 HIDDEN, INTERMEDIATE, LAYERS, VOCAB = 512, 1024, 4, 1024
+# What the Zebra and the Qwen3 share: width, depth, attention heads, vocabulary.
+SHARED = {
+    "vocab_size": VOCAB,
+    "hidden_size": HIDDEN,
+    "intermediate_size": INTERMEDIATE,
+    "num_hidden_layers": LAYERS,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 131072,
+    "attn_implementation": "sdpa",
+}
 
 
 def zebra_model():
     from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
 
     config = ZebraConfig(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=16,
-        num_key_value_heads=8,
+        **SHARED,
         q_lora_rank=1344,
         kv_lora_rank=256,
         qk_nope_head_dim=64,
@@ -51,8 +57,6 @@ def zebra_model():
         gdn_num_heads=6,
         gdn_head_dim=256,
         gdn_expand_v=2,
-        max_position_embeddings=131072,
-        attn_implementation="sdpa",
     )
     return ZebraForCausalLM(config).eval()
 
@@ -61,15 +65,8 @@ def qwen3_model():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=INTERMEDIATE,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=16,
-        num_key_value_heads=8,
+        **SHARED,
         head_dim=128,
-        max_position_embeddings=131072,
-        attn_implementation="sdpa",
     )
     return Qwen3ForCausalLM(config).eval()
 

@@ -19,14 +19,7 @@ from llamafactory_zebra.evaluation.scoring import match_all, match_part, score_s
 from llamafactory_zebra.evaluation.tasks import TASKS, TaskOptions, check_task_names, depth_grid, generate_samples
 from llamafactory_zebra.tokenization import build_tiny_tokenizer
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """These models are tiny: one thread avoids oversubscription on busy CI machines."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,7 @@ from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
 from llamafactory_zebra.layers.mla import ZebraMLA
 from llamafactory_zebra.modeling_zebra import ZebraHybridCache
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def perturbed_tiny(attn: str, mla_norm: str, rope_interleave: bool) -> ZebraForCausalLM:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .haystack import Haystack, HaystackTooShort
 
@@ -103,6 +103,22 @@ def fit(build: Callable[[int], Sample], length: int, measure: Measure) -> Sample
     )
 
 
+def fill_haystack(
+    template: Sample, inserts: Sequence[tuple[float, str]], rng: random.Random, haystack: Haystack, measure: Measure
+) -> Sample:
+    """``template`` with a context of haystack sentences and ``inserts`` at their depths, fitted to its length.
+
+    Every attempt restarts ``rng`` from the same state, so the fitted sample depends only on the seed.
+    """
+    state = rng.getstate()
+
+    def build(budget: int) -> Sample:
+        rng.setstate(state)
+        return replace(template, context=insert_at_depths(haystack.take(budget, rng), inserts))
+
+    return fit(build, template.length, measure)
+
+
 def _needle(key: str, value: str) -> str:
     return f"One of the special magic numbers for {key} is: {value}."
 
@@ -136,14 +152,8 @@ def _niah(
     else:
         question = f"What is the special magic number for {target} mentioned in the provided text?"
         prefix = f"The special magic number for {target} mentioned in the provided text is"
-    state = rng.getstate()
-
-    def build(budget: int) -> Sample:
-        rng.setstate(state)
-        context = insert_at_depths(haystack.take(budget, rng), inserts)
-        return Sample(task, length, index, context, question, prefix, answers, MATCH_ALL, depth)
-
-    return fit(build, length, measure)
+    template = Sample(task, length, index, "", question, prefix, answers, MATCH_ALL, depth)
+    return fill_haystack(template, inserts, rng, haystack, measure)
 
 
 def niah_single(length, index, depth, rng, haystack, measure, options) -> Sample:
@@ -180,14 +190,8 @@ def variable_tracking(length, index, depth, rng, haystack, measure, options) -> 
             answers, target = tuple(names), value
     question = f"Find all variables that are assigned the value {target} in the text above."
     prefix = f"According to the chain(s) of variable assignment in the text above, {len(answers)} variables are assigned the value {target}, they are:"
-    state = rng.getstate()
-
-    def build(budget: int) -> Sample:
-        rng.setstate(state)
-        context = insert_at_depths(haystack.take(budget, rng), inserts)
-        return Sample("variable_tracking", length, index, context, question, prefix, answers, MATCH_ALL)
-
-    return fit(build, length, measure)
+    template = Sample("variable_tracking", length, index, "", question, prefix, answers, MATCH_ALL)
+    return fill_haystack(template, inserts, rng, haystack, measure)
 
 
 def common_words(length, index, depth, rng, haystack, measure, options) -> Sample:
@@ -244,14 +248,8 @@ def qa_synthetic(length, index, depth, rng, haystack, measure, options) -> Sampl
     inserts = [(depth, f"Document: {gold_statement}")]
     inserts += [(rng.random(), f"Document: {statement}") for statement, _, _ in facts[1:]]
     prompt_question = f"Answer the question based on the given documents. Question: {question}"
-    state = rng.getstate()
-
-    def build(budget: int) -> Sample:
-        rng.setstate(state)
-        context = insert_at_depths(haystack.take(budget, rng), inserts)
-        return Sample("qa_synthetic", length, index, context, prompt_question, "Answer:", (answer,), MATCH_PART, depth)
-
-    return fit(build, length, measure)
+    template = Sample("qa_synthetic", length, index, "", prompt_question, "Answer:", (answer,), MATCH_PART, depth)
+    return fill_haystack(template, inserts, rng, haystack, measure)
 
 
 TASKS: dict[str, Callable[..., Sample]] = {
