@@ -237,13 +237,13 @@ def test_eval_long_command_writes_scores_heatmap_and_perplexity_curve(tmp_path):
     document.write_text(" ".join(f"The river number {i} runs through the old town." for i in range(120)))
     out = tmp_path / "out"
     argv = ["eval-long", str(config), "--tasks", "niah_single,qa_synthetic", "--lengths", "384,512"]
-    argv += ["--samples", "2", "--depths", "2", "--max-new-tokens", "4", "--prefill-chunk-size", "128"]
+    argv += ["--samples", "2", "--depths", "2", "--max-new-tokens", "3", "--prefill-chunk-size", "128"]
     argv += ["--ppl-file", str(document), "--ppl-bins", "4", "--output-dir", str(out)]
     assert main(argv) == 0
     report = json.loads((out / "report.json").read_text())
     assert set(report["scores"]) == {"niah_single", "qa_synthetic"}
     assert set(report["scores"]["niah_single"]) == {"384", "512"}
-    assert len(report["samples"]) == 8 and all(s["prompt_tokens"] + 4 <= s["length"] for s in report["samples"])
+    assert len(report["samples"]) == 8 and all(s["prompt_tokens"] + 3 <= s["length"] for s in report["samples"])
     assert report["depth_heatmap"]["depths"] == [0.0, 1.0]
     assert len(report["perplexity"]["perplexity"]) == 4 and report["perplexity"]["position"][-1] <= 512
     assert (out / "depth_heatmap.png").stat().st_size > 1000
