@@ -207,7 +207,7 @@ def test_a_dataset_that_starts_with_many_bad_rows_still_aligns():
     from llamafactory.data.template import get_template_and_fix_tokenizer
     from transformers import Seq2SeqTrainingArguments
 
-    from llamafactory_zebra.tokenization import build_tiny_tokenizer
+    from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
 
     rows = [{"problem": "p", "generated_solution": ""}] * 1000 + [{"problem": "1+1?", "generated_solution": "2"}] * 3
     data_args = DataArguments(template="qwen3", overwrite_cache=True)

@@ -9,7 +9,7 @@ from transformers import HfArgumentParser
 
 from llamafactory_zebra.data.inspection import inspect_training_data
 from llamafactory_zebra.integration.datasets import check_dataset_names, install_dataset_seams
-from llamafactory_zebra.tokenization import build_tiny_tokenizer
+from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 install_dataset_seams()

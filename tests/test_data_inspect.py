@@ -20,7 +20,7 @@ from llamafactory_zebra.cli.main import main
 from llamafactory_zebra.data.inspection import inspect_training_data, load_train_arguments, mixture_order
 from llamafactory_zebra.data.packing import count_packs, length_summary, map_batches, steps_per_epoch
 from llamafactory_zebra.integration.datasets import install_dataset_seams
-from llamafactory_zebra.tokenization import build_tiny_tokenizer
+from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "datasets"
 install_dataset_seams()

@@ -13,7 +13,7 @@ from transformers import Seq2SeqTrainingArguments
 
 from llamafactory_zebra.data.validation import DROP_REASON_COLUMN
 from llamafactory_zebra.integration.datasets import install_dataset_seams
-from llamafactory_zebra.tokenization import build_tiny_tokenizer
+from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
 
 install_dataset_seams()
 

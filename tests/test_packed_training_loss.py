@@ -21,7 +21,7 @@ def _packed_batch(neat_packing: bool, attn_implementation: str):
     from llamafactory.data.processor.supervised import PackedSupervisedDatasetProcessor
     from llamafactory.hparams import DataArguments
 
-    from llamafactory_zebra.tokenization import build_tiny_tokenizer
+    from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     data_args = DataArguments(template="zebra", cutoff_len=64, packing=True, neat_packing=neat_packing)

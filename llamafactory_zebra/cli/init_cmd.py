@@ -20,7 +20,7 @@ def write_random_model(preset: str, output_dir: str | Path, seed: int = 0, dtype
     import torch
 
     from .. import ZebraConfig, ZebraForCausalLM
-    from ..tokenization import build_tiny_tokenizer
+    from ..testing.tokenizer import build_tiny_tokenizer
 
     output = Path(output_dir)
     tokenizer = build_tiny_tokenizer()

@@ -11,6 +11,8 @@ the same token ids.
 
 from __future__ import annotations
 
+from importlib import resources
+
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
@@ -29,75 +31,15 @@ QWEN_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-# Qwen3's chat template (Apache-2.0, Qwen team), reproduced so that thinking traces, tools and the
-# ``enable_thinking`` switch render exactly as for Qwen3 checkpoints.
-QWEN3_CHAT_TEMPLATE = (
-    "{%- if tools %}"
-    "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}"
-    '{{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n'
-    'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}'
-    '{%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}{%- endfor %}'
-    '{{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments '
-    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, '
-    '\\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}'
-    "{%- else %}"
-    "{%- if messages[0].role == 'system' %}"
-    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
-    "{%- endif %}"
-    "{%- endif %}"
-    "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}"
-    "{%- for message in messages[::-1] %}"
-    "{%- set index = (messages|length - 1) - loop.index0 %}"
-    '{%- if ns.multi_step_tool and message.role == "user" and message.content is string and '
-    "not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}"
-    "{%- set ns.multi_step_tool = false %}{%- set ns.last_query_index = index %}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- for message in messages %}"
-    "{%- if message.content is string %}{%- set content = message.content %}{%- else %}{%- set content = '' %}"
-    "{%- endif %}"
-    '{%- if (message.role == "user") or (message.role == "system" and not loop.first) %}'
-    "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}"
-    '{%- elif message.role == "assistant" %}'
-    "{%- set reasoning_content = '' %}"
-    "{%- if message.reasoning_content is string %}{%- set reasoning_content = message.reasoning_content %}"
-    "{%- else %}"
-    "{%- if '</think>' in content %}"
-    "{%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}"
-    "{%- set content = content.split('</think>')[-1].lstrip('\\n') %}"
-    "{%- endif %}"
-    "{%- endif %}"
-    "{%- if loop.index0 > ns.last_query_index %}"
-    "{%- if loop.last or (not loop.last and reasoning_content) %}"
-    "{{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n'"
-    " + content.lstrip('\\n') }}"
-    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + content }}"
-    "{%- endif %}"
-    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + content }}"
-    "{%- endif %}"
-    "{%- if message.tool_calls %}"
-    "{%- for tool_call in message.tool_calls %}"
-    "{%- if (loop.first and content) or (not loop.first) %}{{- '\\n' }}{%- endif %}"
-    "{%- if tool_call.function %}{%- set tool_call = tool_call.function %}{%- endif %}"
-    '{{- \'<tool_call>\\n{"name": "\' }}{{- tool_call.name }}{{- \'", "arguments": \' }}'
-    "{%- if tool_call.arguments is string %}{{- tool_call.arguments }}"
-    "{%- else %}{{- tool_call.arguments | tojson }}{%- endif %}"
-    "{{- '}\\n</tool_call>' }}"
-    "{%- endfor %}"
-    "{%- endif %}"
-    "{{- '<|im_end|>\\n' }}"
-    '{%- elif message.role == "tool" %}'
-    "{%- if loop.first or (messages[loop.index0 - 1].role != \"tool\") %}{{- '<|im_start|>user' }}{%- endif %}"
-    "{{- '\\n<tool_response>\\n' }}{{- content }}{{- '\\n</tool_response>' }}"
-    "{%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}{{- '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endif %}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}"
-    "{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
-    "{%- endif %}"
-)
+# Qwen3's chat template (Apache-2.0, Qwen team), kept verbatim in a .jinja file next to this module so
+# that thinking traces, tools and the ``enable_thinking`` switch render exactly as for Qwen3 checkpoints.
+CHAT_TEMPLATE_FILE = "qwen3_chat_template.jinja"
+
+
+def qwen3_chat_template() -> str:
+    """Returns Qwen3's chat template as shipped in this package."""
+    return resources.files(__package__).joinpath(CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+
 
 # Training text for the merges: chat, math and long-document phrasing like the recipe's datasets,
 # plus the bare ChatML role names, so common words become single tokens and toy sequences stay short.
@@ -165,7 +107,7 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
         additional_special_tokens=[SPECIAL_TOKENS[1]],
         model_max_length=1_048_576,
         clean_up_tokenization_spaces=False,
-        chat_template=QWEN3_CHAT_TEMPLATE,
+        chat_template=qwen3_chat_template(),
     )
     tokenizer.add_tokens(list(MARKUP_TOKENS), special_tokens=False)
     if len(tokenizer) > MAX_VOCAB_SIZE:

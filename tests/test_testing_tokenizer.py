@@ -3,7 +3,7 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from llamafactory_zebra.tokenization import (
+from llamafactory_zebra.testing.tokenizer import (
     EOS_TOKEN,
     MARKUP_TOKENS,
     MAX_VOCAB_SIZE,

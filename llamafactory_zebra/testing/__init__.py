@@ -1,0 +1,1 @@
+"""Offline stand-ins for the hub assets tests, examples and the quickstart need (no network, milliseconds)."""
