@@ -328,7 +328,7 @@ class ZebraConfig(PreTrainedConfig):
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """Also accepts a directory in the released layout (detected by its ``hybrid_config.json``)."""
         path = os.fspath(pretrained_model_name_or_path)
-        if is_released_layout(path):
+        if checkpoint_layout(path) == RELEASED_LAYOUT:
             for key in [k for k in kwargs if k.startswith("_") or k in _HUB_LOADING_KWARGS]:
                 kwargs.pop(key)
             result = cls.from_dict(released_directory_kwargs(path), **kwargs)
@@ -485,8 +485,36 @@ def load_released_config(path: str) -> ZebraConfig:
     return config
 
 
-def is_released_layout(path: str | os.PathLike) -> bool:
-    return os.path.isfile(os.path.join(os.fspath(path), RELEASED_HYBRID_CONFIG))
+NATIVE_LAYOUT = "native"
+RELEASED_LAYOUT = "released"
 
 
-__all__ = ["ZebraConfig", "PRESETS", "PRESET_HUB_IDS", "is_released_layout", "load_released_config"]
+def checkpoint_layout(path: str | os.PathLike | None) -> str | None:
+    """Whether a local directory holds a Zebra checkpoint, and in which layout.
+
+    ``RELEASED_LAYOUT`` for AMD's (Qwen3's ``config.json`` plus a ``hybrid_config.json``), ``NATIVE_LAYOUT``
+    for a ``config.json`` with ``model_type: zebra`` (what ``save_pretrained`` writes), ``None`` for
+    anything else: no path, not a directory, another model. Every tool that must tell a Zebra
+    checkpoint from another one asks this function.
+    """
+    if not path or not os.path.isdir(path):
+        return None
+    if os.path.isfile(os.path.join(path, RELEASED_HYBRID_CONFIG)):
+        return RELEASED_LAYOUT
+    config_file = os.path.join(path, "config.json")
+    if os.path.isfile(config_file):
+        with open(config_file, encoding="utf-8") as f:
+            if json.load(f).get("model_type") == ZebraConfig.model_type:
+                return NATIVE_LAYOUT
+    return None
+
+
+__all__ = [
+    "ZebraConfig",
+    "PRESETS",
+    "PRESET_HUB_IDS",
+    "NATIVE_LAYOUT",
+    "RELEASED_LAYOUT",
+    "checkpoint_layout",
+    "load_released_config",
+]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .configuration_zebra import MLA_NORM_NONE, ZebraConfig, is_released_layout
+from .configuration_zebra import MLA_NORM_NONE, RELEASED_LAYOUT, ZebraConfig, checkpoint_layout
 from .layers.mla import ZebraMLA
 from .verify_text import VERIFY_TEXT
 
@@ -132,7 +132,7 @@ def _fix_hints(winner: Convention, configured: Convention, model_dir: str) -> li
             f"  the checkpoint's {configured.mla_norm} norm weights do not act where mla_norm "
             f"'{configured.mla_norm}' places them; see 'MLA norms' in docs/architecture.md for the one-line change"
         )
-    if is_released_layout(model_dir):
+    if checkpoint_layout(model_dir) == RELEASED_LAYOUT:
         hints.append(
             "  (released layout: run `llamafactory-zebra import` and edit the native config.json, "
             "and please report it — the plugin reads AMD's layout with these defaults)"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CPU quickstart: venv + install, a tiny random Zebra model, SFT through llamafactory-cli, one chat turn.
+# CPU quickstart: venv + install, a tiny random Zebra model, SFT through llamafactory-cli on a small task
+# (spell 0-99 in words), the held-out accuracy, and one chat turn.
 # Usage (from the repository root):  bash scripts/quickstart.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +23,22 @@ import json
 logs = [json.loads(line) for line in open("saves/zebra-tiny-sft/trainer_log.jsonl") if '"loss"' in line]
 print(f"loss: first logged {logs[0]['loss']:.3f} -> last logged {logs[-1]['loss']:.3f}")
 PY
+
+llamafactory-cli train examples/quickstart_heldout.yaml
 echo
-echo "One chat turn with the trained model:"
-printf 'What is 12 + 7?\nexit\n' | llamafactory-cli chat examples/quickstart_chat.yaml
+echo "Held-out numbers (never in the training data), greedy answers of the trained model:"
+python - <<'PY'
+import json
+rows = [json.loads(line) for line in open("saves/zebra-tiny-sft/heldout/generated_predictions.jsonl")]
+questions = [item["instruction"] for item in json.load(open("examples/data/quickstart_heldout.json"))]
+correct = 0
+for question, row in zip(questions, rows, strict=True):
+    expected, answer = row["label"].strip(), row["predict"].strip()
+    correct += answer == expected
+    print(f"  {question:<22} expected {expected:<14} model {answer:<14} {'ok' if answer == expected else 'WRONG'}")
+print(f"held-out accuracy: {correct}/{len(rows)} = {correct / len(rows):.0%}")
+PY
+
+echo
+echo "One chat turn with the trained model (47 is held out):"
+printf 'Write 47 in words.\nexit\n' | llamafactory-cli chat examples/quickstart_chat.yaml

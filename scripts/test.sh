@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up and run the test suite: Debian's chromium for the web UI test, venv + install with the test
-# extra, pytest.
+# extra, ruff (lint and format check: CI fails on either), pytest.
 # Usage (from the repository root):  bash scripts/test.sh [pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,4 +18,6 @@ source "$VENV/bin/activate"
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet -e ".[test]"
 
+ruff check .
+ruff format --check .
 python -m pytest -q "$@"

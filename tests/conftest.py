@@ -1,3 +1,5 @@
+"""Fixtures shared by the test modules: built once per session, read-only for the tests that use them."""
+
 import os
 
 import pytest
@@ -19,3 +21,42 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory):
+    """The offline test tokenizer's files only: tools that read ``model_name_or_path`` for a tokenizer."""
+    from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny_tokenizer")
+    build_tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A random tiny Zebra and its tokenizer, as ``llamafactory-zebra init tiny`` writes them (seed 0)."""
+    from llamafactory_zebra.cli.init_cmd import write_random_model
+
+    return write_random_model("tiny", tmp_path_factory.mktemp("zebra") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def dataset_seams():
+    """The plugin's dataset seams (registry names, converters, row guard) installed into LLaMA-Factory."""
+    from llamafactory_zebra.integration.datasets import install_dataset_seams
+
+    install_dataset_seams()
+
+
+@pytest.fixture
+def no_leaked_deepspeed_state():
+    """A DeepSpeed config object makes transformers believe ZeRO-3 is on (a global weakref) and
+    TrainingArguments exports ACCELERATE_USE_DEEPSPEED; neither may leak into other tests."""
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    environment = dict(os.environ)
+    yield
+    unset_hf_deepspeed_config()
+    os.environ.clear()
+    os.environ.update(environment)

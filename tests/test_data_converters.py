@@ -15,9 +15,8 @@ from llamafactory_zebra.data.converters import (
 )
 from llamafactory_zebra.data.registry import registry_dataset_info
 from llamafactory_zebra.data.validation import DROP_REASON_COLUMN, DropRow, GuardedConverter
-from llamafactory_zebra.integration.datasets import install_dataset_seams
 
-install_dataset_seams()
+pytestmark = pytest.mark.usefixtures("dataset_seams")
 
 
 def get_dataset_converter(name, attr, data_args):

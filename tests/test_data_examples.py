@@ -8,23 +8,15 @@ from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArgume
 from transformers import HfArgumentParser
 
 from llamafactory_zebra.data.inspection import inspect_training_data
-from llamafactory_zebra.integration.datasets import check_dataset_names, install_dataset_seams
-from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
+from llamafactory_zebra.integration.datasets import check_dataset_names
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-install_dataset_seams()
+pytestmark = pytest.mark.usefixtures("dataset_seams")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_tokenizer")
-    build_tiny_tokenizer().save_pretrained(path)
-    return path
-
-
-def _inspect(tmp_path, model_dir, dataset, dataset_dir):
+def _inspect(tmp_path, tiny_tokenizer_dir, dataset, dataset_dir):
     config = {
-        "model_name_or_path": str(model_dir),
+        "model_name_or_path": str(tiny_tokenizer_dir),
         "stage": "sft",
         "dataset": dataset,
         "dataset_dir": str(dataset_dir),
@@ -38,15 +30,15 @@ def _inspect(tmp_path, model_dir, dataset, dataset_dir):
     return inspect_training_data(str(path), show_progress=False)
 
 
-def test_demo_mix_converts_without_drops(tmp_path, model_dir):
-    (demo,) = _inspect(tmp_path, model_dir, "zebra_demo", EXAMPLES / "data").datasets
+def test_demo_mix_converts_without_drops(tmp_path, tiny_tokenizer_dir):
+    (demo,) = _inspect(tmp_path, tiny_tokenizer_dir, "zebra_demo", EXAMPLES / "data").datasets
     assert 50 <= demo.rows_read <= 200
     assert demo.rows_kept == demo.rows_read and demo.rows_truncated == 0
 
 
-def test_custom_dataset_examples_convert_without_drops(tmp_path, model_dir):
+def test_custom_dataset_examples_convert_without_drops(tmp_path, tiny_tokenizer_dir):
     config = yaml.safe_load((EXAMPLES / "custom_dataset" / "train_custom.yaml").read_text())
-    report = _inspect(tmp_path, model_dir, config["dataset"], EXAMPLES / "custom_dataset")
+    report = _inspect(tmp_path, tiny_tokenizer_dir, config["dataset"], EXAMPLES / "custom_dataset")
     assert [(r.name, r.rows_read, r.rows_kept) for r in report.datasets] == [
         ("my_alpaca", 3, 3),
         ("my_alpaca_parquet", 2, 2),

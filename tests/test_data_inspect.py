@@ -18,27 +18,19 @@ from llamafactory.hparams import DataArguments
 
 from llamafactory_zebra.cli.main import main
 from llamafactory_zebra.data.inspection import inspect_training_data, load_train_arguments, mixture_order
-from llamafactory_zebra.data.packing import count_packs, length_summary, map_batches, steps_per_epoch
-from llamafactory_zebra.integration.datasets import install_dataset_seams
+from llamafactory_zebra.data.report_arithmetic import count_packs, length_summary, map_batches
 from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
+from llamafactory_zebra.training_steps import optimizer_steps_per_epoch
 
 FIXTURES = Path(__file__).parent / "fixtures" / "datasets"
-install_dataset_seams()
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """Only tokenizer files: inspection never loads model weights."""
-    path = tmp_path_factory.mktemp("tiny_tokenizer")
-    build_tiny_tokenizer().save_pretrained(path)
-    return path
+pytestmark = pytest.mark.usefixtures("dataset_seams")
 
 
 @pytest.fixture
-def write_config(tmp_path, model_dir):
+def write_config(tmp_path, tiny_tokenizer_dir):
     def write(**overrides):
         config = {
-            "model_name_or_path": str(model_dir),
+            "model_name_or_path": str(tiny_tokenizer_dir),
             "stage": "sft",
             "do_train": True,
             "finetuning_type": "full",
@@ -80,11 +72,11 @@ def test_map_batches_follow_datasets_contiguous_shards():
 
 
 def test_steps_per_epoch_counts_like_the_trainer():
-    assert steps_per_epoch(4, 1, 1, 1, False) == 4
-    assert steps_per_epoch(4, 1, 1, 3, False) == 2  # 4 batches over 3 ranks: 2 on each rank
-    assert steps_per_epoch(5, 2, 2, 1, False) == 2  # 3 batches, accumulation windows of 2: 2 steps
-    assert steps_per_epoch(5, 2, 2, 1, True) == 1  # drop_last: 2 batches
-    assert steps_per_epoch(0, 2, 2, 1, False) == 0
+    assert optimizer_steps_per_epoch(4, 1, 1, 1, False) == 4
+    assert optimizer_steps_per_epoch(4, 1, 1, 3, False) == 2  # 4 batches over 3 ranks: 2 on each rank
+    assert optimizer_steps_per_epoch(5, 2, 2, 1, False) == 2  # 3 batches, accumulation windows of 2: 2 steps
+    assert optimizer_steps_per_epoch(5, 2, 2, 1, True) == 1  # drop_last: 2 batches
+    assert optimizer_steps_per_epoch(0, 2, 2, 1, False) == 0
 
 
 def test_count_packs_and_length_summary_by_hand():

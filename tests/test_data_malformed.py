@@ -6,11 +6,11 @@ import json
 import pytest
 from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
 from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArguments, TrainingArguments
+from llamafactory_zebra.tokenization import build_tiny_tokenizer
 from transformers import HfArgumentParser
 
 from llamafactory_zebra.data.row_policy import MalformedDataError
 from llamafactory_zebra.integration.datasets import install_dataset_seams
-from llamafactory_zebra.tokenization import build_tiny_tokenizer
 
 install_dataset_seams()
 

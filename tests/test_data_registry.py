@@ -15,7 +15,7 @@ from llamafactory_zebra.integration.seams import UpstreamSeamChanged
 
 FIXTURES = Path(__file__).parent / "fixtures" / "datasets"
 
-seams.install_dataset_seams()
+pytestmark = pytest.mark.usefixtures("dataset_seams")
 
 # name -> (hub id, subset, split): the recipe's public datasets, as documented in docs/datasets.md.
 EXPECTED_HUB = {

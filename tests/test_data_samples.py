@@ -12,10 +12,9 @@ from llamafactory.hparams import DataArguments, ModelArguments
 from transformers import Seq2SeqTrainingArguments
 
 from llamafactory_zebra.data.validation import DROP_REASON_COLUMN
-from llamafactory_zebra.integration.datasets import install_dataset_seams
 from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
 
-install_dataset_seams()
+pytestmark = pytest.mark.usefixtures("dataset_seams")
 
 LIGHTHOUSE = "".join(
     f"Entry {i}: the keeper of the north lighthouse wrote down the wind, the tide and the ships he saw. "

@@ -5,8 +5,10 @@ import json
 
 import pytest
 
-from llamafactory_zebra.cli import doctor
-from llamafactory_zebra.cli.doctor import FAIL, OK, WARN, Check, Machine
+from llamafactory_zebra.cli import doctor as doctor_cli
+from llamafactory_zebra.environment import checks as doctor
+from llamafactory_zebra.environment.checks import FAIL, OK, WARN, Check, Machine
+from llamafactory_zebra.environment.rocm_settings import rocm_env_file, rocm_settings
 
 NO_GPU = Machine("2.9.0", None, "13.0", (), (), amd_gpus_present=False, nvidia_gpus_present=False)
 MI300X = Machine("2.9.0", "6.4.0", None, ("AMD Instinct MI300X",) * 8, ("gfx942",) * 8, True, False)
@@ -14,7 +16,7 @@ MI300X = Machine("2.9.0", "6.4.0", None, ("AMD Instinct MI300X",) * 8, ("gfx942"
 
 def test_doctor_json_on_this_machine(capsys):
     parser = argparse.ArgumentParser()
-    doctor.add_parser(parser.add_subparsers())
+    doctor_cli.add_parser(parser.add_subparsers())
     args = parser.parse_args(["doctor", "--json"])
     code = args.func(args)
     report = json.loads(capsys.readouterr().out)
@@ -58,12 +60,12 @@ def test_torch_build_must_match_the_gpus():
 
 
 def test_rocm_env_names_the_env_file(monkeypatch):
-    for key in doctor.ROCM_ENV["gfx942"]:
+    for key in rocm_settings("gfx942"):
         monkeypatch.delenv(key, raising=False)
     check = doctor.check_collective_env(MI300X)
     assert check.status == WARN and "NCCL_MIN_NCHANNELS=112" in check.detail
-    assert check.fix.endswith("examples/rocm/mi300x.env; set +a")
-    for key, value in doctor.ROCM_ENV["gfx942"].items():
+    assert check.fix.endswith(f"{rocm_env_file('gfx942')}; set +a") and rocm_env_file("gfx942").is_file()
+    for key, value in rocm_settings("gfx942").items():
         monkeypatch.setenv(key, value)
     assert "unset or different" not in doctor.check_collective_env(MI300X).detail
 

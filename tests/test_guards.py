@@ -16,17 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ZEBRA = ZebraConfig.from_preset("tiny")
 
 
-@pytest.fixture(autouse=True)
-def _no_leaked_deepspeed_state():
-    """A DeepSpeed config object makes transformers believe ZeRO-3 is on (a global weakref) and
-    TrainingArguments exports ACCELERATE_USE_DEEPSPEED; neither may leak into other tests."""
-    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
-    environment = dict(os.environ)
-    yield
-    unset_hf_deepspeed_config()
-    os.environ.clear()
-    os.environ.update(environment)
+pytestmark = pytest.mark.usefixtures("no_leaked_deepspeed_state")
 
 
 def _args(tmp_path, **training):

@@ -62,3 +62,11 @@ def test_tiled_mlp_rejects_negative_counts():
 
     with pytest.raises(ValueError, match="tiles"):
         tiny_model().enable_tiled_mlp(-1)
+
+
+def test_ignore_index_is_llamafactorys():
+    from llamafactory.extras.constants import IGNORE_INDEX as LLAMAFACTORY_IGNORE_INDEX
+
+    from llamafactory_zebra.loss import IGNORE_INDEX
+
+    assert IGNORE_INDEX == LLAMAFACTORY_IGNORE_INDEX

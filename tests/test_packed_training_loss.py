@@ -72,16 +72,26 @@ def _per_sample_sums(model, batch):
     return total, count
 
 
-@pytest.mark.parametrize("neat_packing", [True, False])
+@pytest.fixture(scope="module", params=[True, False], ids=["neat_packing", "packing"])
+def packed_case(request):
+    """One packed batch, a fresh-model recipe and its per-sample reference, shared by the loss variants."""
+    torch.manual_seed(0)
+    batch, tokenizer = _packed_batch(request.param, "sdpa")
+    model = tiny_model(vocab_size=len(tokenizer), attn_implementation="sdpa")
+    with torch.no_grad():
+        total, count = _per_sample_sums(model, batch)
+    return batch, model.state_dict(), len(tokenizer), total, count
+
+
 @pytest.mark.parametrize("fused", [False, True])
-def test_packed_loss_equals_per_sample_losses(neat_packing, fused):
-    batch, tokenizer = _packed_batch(neat_packing, "sdpa")
+def test_packed_loss_equals_per_sample_losses(packed_case, fused):
+    batch, weights, vocab_size, total, count = packed_case
     assert batch["attention_mask"].dim() == 2  # no dense 4-D mask built by the collator
-    model = tiny_model(vocab_size=len(tokenizer), attn_implementation="sdpa").train()
+    model = tiny_model(vocab_size=vocab_size, attn_implementation="sdpa").train()
+    model.load_state_dict(weights)
     if fused:
         model.enable_fused_cross_entropy("chunked")
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "labels")}
     loss = model(**inputs).loss
-    total, count = _per_sample_sums(model.eval(), batch)
     assert count > 10
     torch.testing.assert_close(loss.double(), (total / count).double(), rtol=1e-6, atol=1e-6)

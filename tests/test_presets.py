@@ -22,17 +22,7 @@ DEEPSPEED_PRESETS = {
 FSDP_PRESETS = {"fsdp2_zebra_bf16.yaml": False, "fsdp2_zebra_bf16_offload.yaml": True}
 
 
-@pytest.fixture(autouse=True)
-def _no_leaked_deepspeed_state():
-    """A DeepSpeed config object makes transformers believe ZeRO-3 is on (a global weakref) and
-    TrainingArguments exports ACCELERATE_USE_DEEPSPEED; neither may leak into other tests."""
-    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
-
-    environment = dict(os.environ)
-    yield
-    unset_hf_deepspeed_config()
-    os.environ.clear()
-    os.environ.update(environment)
+pytestmark = pytest.mark.usefixtures("no_leaked_deepspeed_state")
 
 
 def test_every_preset_file_is_listed():
@@ -136,7 +126,7 @@ def test_fsdp_wrap_class_is_every_zebra_decoder_layer():
 
 def _env_file(name):
     values = {}
-    with open(os.path.join(ROOT, "examples", "rocm", name)) as f:
+    with open(os.path.join(ROOT, "llamafactory_zebra", "environment", "rocm", name)) as f:
         for line in f:
             line = line.strip()
             if line and not line.startswith("#"):
@@ -147,13 +137,13 @@ def _env_file(name):
 
 @pytest.mark.parametrize("name,arch", [("mi300x.env", "gfx942"), ("mi250.env", "gfx90a")])
 def test_rocm_env_file_is_doctors_table_and_documented(name, arch):
-    from llamafactory_zebra.cli.doctor import ENV_FILES, ROCM_ENV
+    from llamafactory_zebra.environment.rocm_settings import rocm_env_file, rocm_settings
 
-    assert _env_file(name) == ROCM_ENV[arch]
-    assert ENV_FILES[arch] == f"examples/rocm/{name}"
+    assert _env_file(name) == rocm_settings(arch)
+    assert rocm_env_file(arch).name == name
     with open(os.path.join(ROOT, "docs", "rocm.md")) as f:
         documented = {m.group(1) for m in re.finditer(r"^\| `([A-Z0-9_]+)` \|", f.read(), re.MULTILINE)}
-    assert set(ROCM_ENV[arch]) <= documented
+    assert set(rocm_settings(arch)) <= documented
 
 
 def _run_launcher(tmp_path, script, env_overrides, args=("train.yaml", "mi300x")):

@@ -38,10 +38,8 @@ def _losses(output_dir: Path) -> dict[int, tuple[float, float]]:
 
 
 @pytest.mark.slow
-def test_sequence_parallel_training_reproduces_one_process_losses_and_resumes(tmp_path):
-    from llamafactory_zebra.cli.init_cmd import write_random_model
-
-    model_dir = write_random_model("tiny", tmp_path / "tiny")
+def test_sequence_parallel_training_reproduces_one_process_losses_and_resumes(tmp_path, tiny_model_dir):
+    model_dir = tiny_model_dir
     base = yaml.safe_load(EXAMPLE.read_text())
     base.update(
         model_name_or_path=str(model_dir),

@@ -93,15 +93,12 @@ def test_unsupported_options_are_refused():
         check_sequence_parallel_setup(sp, model_args, data_args, training_args, finetuning_args, config)
 
 
-def test_train_args_fail_before_any_data_loads(tmp_path):
+def test_train_args_fail_before_any_data_loads(tmp_path, tiny_model_dir):
     """The parser seam refuses SP 2 in a one-process run (LLaMA-Factory loads data only after parsing)."""
     from llamafactory.hparams import get_train_args
 
-    from llamafactory_zebra.cli.init_cmd import write_random_model
-
-    write_random_model("tiny", tmp_path / "tiny")
     args = {
-        "model_name_or_path": str(tmp_path / "tiny"),
+        "model_name_or_path": str(tiny_model_dir),
         "stage": "sft",
         "do_train": True,
         "finetuning_type": "full",

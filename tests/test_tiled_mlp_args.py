@@ -17,10 +17,8 @@ def test_tiled_mlp_key_rejects_non_booleans():
         pop_tiled_mlp({"tiled_mlp": 4})
 
 
-def test_tiled_mlp_refuses_plain_ddp_and_other_models(tmp_path):
-    from llamafactory_zebra.cli.init_cmd import write_random_model
-
-    zebra = write_random_model("tiny", tmp_path / "zebra")
+def test_tiled_mlp_refuses_plain_ddp_and_other_models(tmp_path, tiny_model_dir):
+    zebra = tiny_model_dir
     with pytest.raises(ValueError, match="needs DeepSpeed"):
         check_tiled_mlp_setup(
             SimpleNamespace(model_name_or_path=str(zebra)), SimpleNamespace(world_size=2, deepspeed=None)

@@ -8,7 +8,7 @@ import torch
 
 from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
 from llamafactory_zebra.cli.main import main
-from llamafactory_zebra.tokenization import build_tiny_tokenizer
+from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
 from llamafactory_zebra.verification import score_conventions, verification_tokens
 
 TOKENS = 128

@@ -17,13 +17,12 @@ are exact for the rows read.
 from __future__ import annotations
 
 import copy
-import math
-import os
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .packing import count_packs, length_summary, map_batches, steps_per_epoch
+from ..training_steps import optimizer_steps_per_epoch, total_optimizer_steps
+from .report_arithmetic import count_packs, length_summary, map_batches
 from .row_policy import SKIP_ATTRIBUTE
 from .validation import DROP_REASON_COLUMN, split_reason
 
@@ -99,14 +98,11 @@ def load_train_arguments(config_path: str) -> tuple[Any, Any, Any, Any, dict[str
         ModelArguments,
         TrainingArguments,
     )
-    from omegaconf import OmegaConf
     from transformers import HfArgumentParser
 
-    if not os.path.isfile(config_path):
-        raise FileNotFoundError(f"Training config {config_path} not found")
-    raw = OmegaConf.to_container(OmegaConf.load(config_path))
-    if not isinstance(raw, dict):
-        raise ValueError(f"{config_path} must be a YAML mapping of LLaMA-Factory arguments")
+    from ..training_yaml import read_training_yaml
+
+    raw = read_training_yaml(config_path)
     for key in LAUNCH_ONLY_KEYS:
         raw.pop(key, None)
     raw["report_to"] = "none"
@@ -227,7 +223,7 @@ def summarize(name: str, measured: MeasuredRows, settings: PackingSettings, note
         sequences=sequences,
         packed_sequences=packs,
         packing_efficiency=packed_tokens / (packs * settings.cutoff_len) if packs else 0.0,
-        steps_per_epoch=steps_per_epoch(
+        steps_per_epoch=optimizer_steps_per_epoch(
             sequences,
             settings.per_device_batch_size,
             settings.gradient_accumulation_steps,
@@ -278,30 +274,44 @@ EMPTY_STREAM_NOTE = (
 )
 
 
-def inspect_training_data(
-    config_path: str, max_rows: int | None = None, world_size: int | None = None, show_progress: bool = True
-) -> InspectReport:
-    """Builds the report for a training YAML (see the module docstring).
+@dataclass
+class InspectionInputs:
+    """Everything the report is computed from: LLaMA-Factory's parsed arguments and its SFT processors."""
 
-    ``world_size`` is the number of training processes (GPUs); it defaults to one sequence-parallel
-    group (``sequence_parallel_size`` from the YAML, else 1).
-    """
-    import llamafactory.data.loader as loader_module
+    config_path: str
+    model_args: Any
+    data_args: Any
+    training_args: Any
+    sequence_parallel: int
+    data_parallel: int
+    row_limit: int | None
+    settings: PackingSettings
+    full_processor: Any
+    """Encodes without truncation (the rows' real lengths)."""
+    train_processor: Any
+    """Encodes at ``cutoff_len`` (what training sees)."""
+
+
+@dataclass
+class MeasuredDataset:
+    name: str
+    rows: MeasuredRows
+    notes: list[str]
+
+
+def load_inputs(config_path: str, max_rows: int | None, world_size: int | None) -> InspectionInputs:
+    """Parses the YAML, loads the tokenizer and template, and builds the two SFT processors."""
     import transformers
-    from llamafactory.data.parser import get_dataset_list
     from llamafactory.data.processor import SupervisedDatasetProcessor
     from llamafactory.data.template import get_template_and_fix_tokenizer
     from llamafactory.model import load_tokenizer
-    from tqdm.auto import tqdm
 
     from ..integration.datasets import install_dataset_seams
-    from ..integration.seams import upstream
 
     model_args, data_args, training_args, _, raw = load_train_arguments(config_path)
     sequence_parallel = int(raw.get("sequence_parallel_size") or 1)
     data_parallel = data_parallel_size(world_size, sequence_parallel)
     install_dataset_seams()
-    load_single_dataset = upstream(loader_module, "_load_single_dataset")
     transformers.set_seed(training_args.seed)
     tokenizer_module = load_tokenizer(model_args)
     tokenizer, processor = tokenizer_module["tokenizer"], tokenizer_module["processor"]
@@ -312,16 +322,8 @@ def inspect_training_data(
         data_args.max_samples = min(data_args.max_samples or row_limit, row_limit)
     full_args = copy.copy(data_args)
     full_args.cutoff_len = UNLIMITED_LENGTH
-    full_processor = SupervisedDatasetProcessor(
-        template=template, tokenizer=tokenizer, processor=processor, data_args=full_args
-    )
-    train_processor = SupervisedDatasetProcessor(
-        template=template, tokenizer=tokenizer, processor=processor, data_args=data_args
-    )
-
-    cutoff_len = data_args.cutoff_len + 1 if data_args.packing else data_args.cutoff_len
     settings = PackingSettings(
-        cutoff_len=cutoff_len,
+        cutoff_len=data_args.cutoff_len + 1 if data_args.packing else data_args.cutoff_len,
         packing=bool(data_args.packing),
         per_device_batch_size=training_args.per_device_train_batch_size,
         gradient_accumulation_steps=training_args.gradient_accumulation_steps,
@@ -330,69 +332,115 @@ def inspect_training_data(
         batch_size=data_args.preprocessing_batch_size,
         num_proc=None if data_args.streaming else data_args.preprocessing_num_workers,
     )
+    return InspectionInputs(
+        config_path=config_path,
+        model_args=model_args,
+        data_args=data_args,
+        training_args=training_args,
+        sequence_parallel=sequence_parallel,
+        data_parallel=data_parallel,
+        row_limit=row_limit,
+        settings=settings,
+        full_processor=SupervisedDatasetProcessor(
+            template=template, tokenizer=tokenizer, processor=processor, data_args=full_args
+        ),
+        train_processor=SupervisedDatasetProcessor(
+            template=template, tokenizer=tokenizer, processor=processor, data_args=data_args
+        ),
+    )
 
+
+def measure_datasets(inputs: InspectionInputs, show_progress: bool) -> list[MeasuredDataset]:
+    """Loads each dataset as training does (registry seams, row guard) and measures every row."""
+    import llamafactory.data.loader as loader_module
+    from llamafactory.data.parser import get_dataset_list
+    from tqdm.auto import tqdm
+
+    from ..integration.seams import upstream
+
+    load_single_dataset = upstream(loader_module, "_load_single_dataset")
+    data_args, training_args, row_limit = inputs.data_args, inputs.training_args, inputs.row_limit
     names = list(data_args.dataset)
-    measured_all: list[MeasuredRows] = []
-    reports: list[DataReport] = []
+    measured: list[MeasuredDataset] = []
     for name, attr in zip(names, get_dataset_list(names, data_args.dataset_dir), strict=True):
         setattr(attr, SKIP_ATTRIBUTE, True)  # the report lists every refused row instead of stopping at them
         if streams_nothing(attr, data_args, training_args):
-            measured_all.append(MeasuredRows())
-            reports.append(summarize(name, measured_all[-1], settings, [EMPTY_STREAM_NOTE]))
+            measured.append(MeasuredDataset(name, MeasuredRows(), [EMPTY_STREAM_NOTE]))
             continue
-        rows = load_single_dataset(attr, model_args, data_args, training_args)
+        rows = load_single_dataset(attr, inputs.model_args, data_args, training_args)
         if data_args.streaming and row_limit is not None:
             rows = rows.take(row_limit)
             total = row_limit
         else:
             total = len(rows) if hasattr(rows, "__len__") else None
         with tqdm(total=total, desc=f"inspecting {name}", unit="rows", disable=not show_progress) as progress:
-            measured = measure_rows(rows, full_processor, train_processor, settings.batch_size, progress)
-        measured_all.append(measured)
-        reports.append(summarize(name, measured, settings, []))
+            rows_measured = measure_rows(
+                rows, inputs.full_processor, inputs.train_processor, inputs.settings.batch_size, progress
+            )
+        measured.append(MeasuredDataset(name, rows_measured, []))
+    return measured
 
-    order = mixture_order([len(measured) for measured in measured_all], data_args, training_args.seed)
+
+def mix(measured: list[MeasuredDataset], inputs: InspectionInputs) -> MeasuredRows:
+    """The measured rows of all datasets in the order training sees them (``mixture_order``)."""
+    order = mixture_order([len(m.rows) for m in measured], inputs.data_args, inputs.training_args.seed)
     mixed = MeasuredRows()
     for source, row in order:
-        mixed.reasons.append(measured_all[source].reasons[row])
-        mixed.full_lengths.append(measured_all[source].full_lengths[row])
-        mixed.train_lengths.append(measured_all[source].train_lengths[row])
+        rows = measured[source].rows
+        mixed.reasons.append(rows.reasons[row])
+        mixed.full_lengths.append(rows.full_lengths[row])
+        mixed.train_lengths.append(rows.train_lengths[row])
+    return mixed
+
+
+def report(inputs: InspectionInputs, measured: list[MeasuredDataset], mixed: MeasuredRows) -> InspectReport:
+    """Per-dataset and mixture summaries plus the settings they were computed under."""
+    data_args, training_args, settings = inputs.data_args, inputs.training_args, inputs.settings
+    reports = [summarize(m.name, m.rows, settings, m.notes) for m in measured]
     mixture_notes = []
     if data_args.streaming:
         mixture_notes.append("streamed mixture shuffled over the rows read; training shuffles hub shards too")
     mixture = summarize("mixture (training order)", mixed, settings, mixture_notes)
-
-    total_steps = (
-        training_args.max_steps
-        if training_args.max_steps > 0
-        else math.ceil(training_args.num_train_epochs * mixture.steps_per_epoch)
-    )
     report_settings = {
-        "model": model_args.model_name_or_path,
+        "model": inputs.model_args.model_name_or_path,
         "template": data_args.template,
         "enable_thinking": data_args.enable_thinking,
-        "cutoff_len": cutoff_len,
+        "cutoff_len": settings.cutoff_len,
         "packing": bool(data_args.packing),
         "neat_packing": bool(data_args.neat_packing),
         "streaming": bool(data_args.streaming),
-        "row_limit": row_limit,
+        "row_limit": inputs.row_limit,
         "mix_strategy": data_args.mix_strategy,
         "interleave_probs": data_args.interleave_probs,
         "seed": training_args.seed,
         "per_device_train_batch_size": settings.per_device_batch_size,
         "gradient_accumulation_steps": settings.gradient_accumulation_steps,
-        "world_size": data_parallel * sequence_parallel,
-        "sequence_parallel_size": sequence_parallel,
-        "data_parallel_size": data_parallel,
-        "sequences_per_step": settings.per_device_batch_size * settings.gradient_accumulation_steps * data_parallel,
+        "world_size": inputs.data_parallel * inputs.sequence_parallel,
+        "sequence_parallel_size": inputs.sequence_parallel,
+        "data_parallel_size": inputs.data_parallel,
+        "sequences_per_step": settings.per_device_batch_size
+        * settings.gradient_accumulation_steps
+        * inputs.data_parallel,
         "preprocessing_batch_size": settings.batch_size,
         "preprocessing_num_workers": settings.num_proc,
         "max_steps": training_args.max_steps,
         "num_train_epochs": training_args.num_train_epochs,
-        "total_steps": total_steps,
+        "total_steps": total_optimizer_steps(
+            mixture.steps_per_epoch, training_args.num_train_epochs, training_args.max_steps
+        ),
     }
-    lengths = {
-        name: [length for length in measured.full_lengths if length is not None]
-        for name, measured in zip(names, measured_all, strict=True)
-    }
-    return InspectReport(config_path, report_settings, reports, mixture, lengths)
+    lengths = {m.name: [length for length in m.rows.full_lengths if length is not None] for m in measured}
+    return InspectReport(inputs.config_path, report_settings, reports, mixture, lengths)
+
+
+def inspect_training_data(
+    config_path: str, max_rows: int | None = None, world_size: int | None = None, show_progress: bool = True
+) -> InspectReport:
+    """Builds the report for a training YAML (see the module docstring): load, measure, mix, report.
+
+    ``world_size`` is the number of training processes (GPUs); it defaults to one sequence-parallel
+    group (``sequence_parallel_size`` from the YAML, else 1).
+    """
+    inputs = load_inputs(config_path, max_rows, world_size)
+    measured = measure_datasets(inputs, show_progress)
+    return report(inputs, measured, mix(measured, inputs))

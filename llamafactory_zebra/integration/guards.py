@@ -18,9 +18,9 @@ its AMD recipe (see docs/rocm.md and docs/deepspeed.md):
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
+from ..training_steps import optimizer_steps_per_epoch, total_optimizer_steps
 from .config_conflicts import check_deepspeed_conflicts, deepspeed_warnings
 
 _SAVE_KEYS = (
@@ -141,21 +141,20 @@ def _sequence_parallel_size(*arg_objects: Any) -> int:
 
 
 def training_steps(training_args: Any, num_train_examples: int | None, sequence_parallel: int = 1) -> int | None:
-    """Optimizer steps as ``Trainer.set_initial_training_values`` computes them, or ``None`` if unknowable.
+    """Optimizer steps the Trainer will run (``training_steps.py``), or ``None`` if unknowable.
 
-    One epoch has ``ceil(examples / (batch × data-parallel ranks))`` batches per rank (no drop_last),
-    grouped by ``gradient_accumulation_steps``; sequence-parallel ranks share a batch.
+    Sequence-parallel ranks share a batch, so only ``world_size / sequence_parallel`` ranks read data.
     """
-    if training_args.max_steps > 0:
-        return training_args.max_steps
-    if not num_train_examples:
+    if training_args.max_steps <= 0 and not num_train_examples:
         return None
-    data_parallel = max(1, training_args.world_size // sequence_parallel)
-    per_rank = num_train_examples / (training_args.per_device_train_batch_size * data_parallel)
-    batches = math.floor(per_rank) if training_args.dataloader_drop_last else math.ceil(per_rank)
-    accumulation = training_args.gradient_accumulation_steps
-    per_epoch = max(batches // accumulation + int(batches % accumulation > 0), 1)
-    return math.ceil(training_args.num_train_epochs * per_epoch)
+    per_epoch = optimizer_steps_per_epoch(
+        num_train_examples or 0,
+        training_args.per_device_train_batch_size,
+        training_args.gradient_accumulation_steps,
+        max(1, training_args.world_size // sequence_parallel),
+        training_args.dataloader_drop_last,
+    )
+    return total_optimizer_steps(per_epoch, training_args.num_train_epochs, training_args.max_steps)
 
 
 def _warmup_warning(data_args, training_args, finetuning_args, model_args, num_train_examples) -> str | None:

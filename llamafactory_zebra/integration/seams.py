@@ -26,11 +26,16 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-import os
 from types import ModuleType
 from typing import Any
 
-from ..configuration_zebra import RELEASED_HYBRID_CONFIG, ZebraConfig, is_released_layout, load_released_config
+from ..configuration_zebra import (
+    RELEASED_HYBRID_CONFIG,
+    RELEASED_LAYOUT,
+    ZebraConfig,
+    checkpoint_layout,
+    load_released_config,
+)
 
 # Every name in LLaMA-Factory (and the one in DeepSpeed) that the plugin wraps, replaces or relies on:
 # (module, attribute — dotted for class members, parameters relied on, in order). The wrappers live
@@ -107,21 +112,6 @@ def upstream(module: ModuleType, attribute: str) -> Any:
     raise KeyError(f"{module.__name__}.{attribute} is not declared in UPSTREAM_SEAMS")
 
 
-def is_zebra_checkpoint(path: str | None) -> bool:
-    """A local directory whose config says ``model_type: zebra``, or one in the released layout."""
-    if not path or not os.path.isdir(path):
-        return False
-    if is_released_layout(path):
-        return True
-    config_file = os.path.join(path, "config.json")
-    if not os.path.isfile(config_file):
-        return False
-    import json
-
-    with open(config_file, encoding="utf-8") as f:
-        return json.load(f).get("model_type") == ZebraConfig.model_type
-
-
 def _is_zebra(config: Any) -> bool:
     return getattr(config, "model_type", None) == ZebraConfig.model_type
 
@@ -152,7 +142,7 @@ def patch_loader(loader: ModuleType) -> None:
 
     @functools.wraps(load_config)
     def zebra_load_config(model_args):
-        if is_released_layout(model_args.model_name_or_path or ""):
+        if checkpoint_layout(model_args.model_name_or_path) == RELEASED_LAYOUT:
             loader.logger.info_rank0(
                 f"llamafactory-zebra: {model_args.model_name_or_path} is in AMD's released layout "
                 f"({RELEASED_HYBRID_CONFIG}); loading it as ZebraForCausalLM"
@@ -231,7 +221,7 @@ def patch_train_args(parser: ModuleType) -> None:
     @functools.wraps(get_train_args)
     def zebra_get_train_args(args=None):
         model_args, data_args, training_args, finetuning_args, generating_args = get_train_args(args)
-        if is_zebra_checkpoint(model_args.model_name_or_path):
+        if checkpoint_layout(model_args.model_name_or_path):
             model_args.block_diag_attn = False
             from .config_conflicts import arguments_source
             from .guards import check_training_setup

@@ -28,8 +28,9 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
+from ..configuration_zebra import checkpoint_layout
 from ..layers.tiled_mlp import AUTO, set_mlp_tiles
-from .seams import is_zebra_checkpoint, upstream
+from .seams import upstream
 
 SP_KEY = "sequence_parallel_size"
 TILED_MLP_KEY = "tiled_mlp"
@@ -83,7 +84,7 @@ def pop_tiled_mlp(args: dict[str, Any] | list[str]) -> tuple[dict[str, Any] | li
 
 
 def check_tiled_mlp_setup(model_args: Any, training_args: Any) -> None:
-    if not is_zebra_checkpoint(model_args.model_name_or_path):
+    if checkpoint_layout(model_args.model_name_or_path) is None:
         raise ValueError(
             f"{TILED_MLP_KEY}: true is implemented for Zebra models; {model_args.model_name_or_path} is not one"
         )
@@ -165,7 +166,7 @@ def patch_parser(parser: ModuleType) -> None:
             from ..configuration_zebra import ZebraConfig
 
             config = None
-            if is_zebra_checkpoint(model_args.model_name_or_path):
+            if checkpoint_layout(model_args.model_name_or_path):
                 config = ZebraConfig.from_pretrained(model_args.model_name_or_path)
             check_sequence_parallel_setup(sp, model_args, data_args, training_args, finetuning_args, config)
             from llamafactory.train.sft import workflow

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..loss import IGNORE_INDEX
 from .layout import SequenceParallelLayout
 
-IGNORE_INDEX = -100
 ROW_KEYS = ("input_ids", "attention_mask", "position_ids", "labels", "shift_labels", "token_type_ids")
 
 

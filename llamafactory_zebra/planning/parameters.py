@@ -1,11 +1,12 @@
-"""Every parameterised module of a Zebra model, derived from its config without building the model.
+"""Every parameterised module of a Zebra model, read off the model itself built on the meta device.
 
 The memory planner needs more than a total: DeepSpeed ZeRO-3 gathers one module at a time (so the
 largest module sets a working-set floor), LoRA adds ``r·(in + out)`` per targeted ``Linear``, and freeze
-tuning trains whole decoder layers. Building the model on the meta device would give the same
-inventory but ties the planner to importable modeling code and costs seconds; the layout below is the
-released checkpoints' (``docs/architecture.md``) and a test checks it against ``named_modules()`` of the
-real model, parameter for parameter.
+tuning trains whole decoder layers. A meta-device build allocates no memory (the 2.28B model builds in
+under a tenth of a second on a quiet machine), so the inventory is ``named_modules()`` of the real model
+and follows any change to the modeling code (MLA norm variants, new projections) without a second copy
+of the layout here. Inventories are cached per configuration because the planner's search for a fix
+asks for the same model many times.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..configuration_zebra import MLA, MLA_NORM_LORA, MLA_NORM_QK_HEAD, ZebraConfig
+import torch
+
+from ..configuration_zebra import MLA, ZebraConfig
 
 
 @dataclass(frozen=True)
@@ -33,71 +36,29 @@ class ModuleParams:
         return int(match.group(1)) if match else None
 
 
-def _linear(name: str, n_in: int, n_out: int) -> ModuleParams:
-    return ModuleParams(name, n_in * n_out, (n_in, n_out))
+_INVENTORIES: dict[str, tuple[ModuleParams, ...]] = {}
 
 
-def _mla_modules(prefix: str, c: ZebraConfig) -> list[ModuleParams]:
-    h, heads, kv_heads = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
-    qk_head = c.qk_nope_head_dim + c.qk_rope_head_dim
-    lora_norms = c.mla_norm == MLA_NORM_LORA
-    if c.q_lora_rank is None:
-        queries = [_linear(f"{prefix}.q_proj", h, heads * qk_head)]
-    else:
-        queries = [
-            _linear(f"{prefix}.q_a_proj", h, c.q_lora_rank),
-            *([ModuleParams(f"{prefix}.q_a_layernorm", c.q_lora_rank)] if lora_norms else []),
-            _linear(f"{prefix}.q_b_proj", c.q_lora_rank, heads * qk_head),
-        ]
-    norms = []
-    if c.mla_norm == MLA_NORM_QK_HEAD:
-        norms = [ModuleParams(f"{prefix}.q_norm", qk_head), ModuleParams(f"{prefix}.k_norm", qk_head)]
-    return queries + [
-        _linear(f"{prefix}.kv_a_proj_with_mqa", h, c.kv_lora_rank + c.qk_rope_head_dim),
-        *([ModuleParams(f"{prefix}.kv_a_layernorm", c.kv_lora_rank)] if lora_norms else []),
-        _linear(f"{prefix}.kv_b_proj", c.kv_lora_rank, kv_heads * (c.qk_nope_head_dim + c.v_head_dim)),
-        _linear(f"{prefix}.out_proj", heads * c.v_head_dim, h),
-        *norms,
-    ]
+def _build_inventory(config: ZebraConfig) -> tuple[ModuleParams, ...]:
+    from ..modeling_zebra import ZebraForCausalLM
 
-
-def _gdn_modules(prefix: str, c: ZebraConfig) -> list[ModuleParams]:
-    h, heads = c.hidden_size, c.gdn_num_heads
-    key_dim, value_dim = heads * c.gdn_head_dim, heads * c.gdn_head_dim * c.gdn_expand_v
-    return [
-        ModuleParams(prefix, 2 * heads),  # A_log and dt_bias live on the mixer itself
-        _linear(f"{prefix}.q_proj", h, key_dim),
-        _linear(f"{prefix}.k_proj", h, key_dim),
-        _linear(f"{prefix}.v_proj", h, value_dim),
-        _linear(f"{prefix}.a_proj", h, heads),
-        _linear(f"{prefix}.b_proj", h, heads),
-        ModuleParams(f"{prefix}.q_conv1d", key_dim * c.gdn_conv_size),
-        ModuleParams(f"{prefix}.k_conv1d", key_dim * c.gdn_conv_size),
-        ModuleParams(f"{prefix}.v_conv1d", value_dim * c.gdn_conv_size),
-        _linear(f"{prefix}.g_proj", h, value_dim),
-        ModuleParams(f"{prefix}.o_norm", c.gdn_head_dim * c.gdn_expand_v),
-        _linear(f"{prefix}.o_proj", value_dim, h),
-    ]
+    with torch.device("meta"):
+        model = ZebraForCausalLM(config)
+    modules = []
+    for name, module in model.named_modules():
+        params = sum(p.numel() for p in module.parameters(recurse=False))
+        if params:
+            linear = (module.in_features, module.out_features) if isinstance(module, torch.nn.Linear) else None
+            modules.append(ModuleParams(name, params, linear))
+    return tuple(modules)
 
 
 def zebra_modules(config: ZebraConfig) -> list[ModuleParams]:
-    """All parameter-owning modules of ``ZebraForCausalLM`` in ``named_modules()`` naming."""
-    c, h = config, config.hidden_size
-    modules = [ModuleParams("model.embed_tokens", c.vocab_size * h)]
-    for index, layer_type in enumerate(c.layer_types):
-        prefix = f"model.layers.{index}"
-        mixer = _mla_modules(f"{prefix}.mla", c) if layer_type == MLA else _gdn_modules(f"{prefix}.gdn", c)
-        modules += mixer + [
-            _linear(f"{prefix}.mlp.gate_proj", h, c.intermediate_size),
-            _linear(f"{prefix}.mlp.up_proj", h, c.intermediate_size),
-            _linear(f"{prefix}.mlp.down_proj", c.intermediate_size, h),
-            ModuleParams(f"{prefix}.input_layernorm", h),
-            ModuleParams(f"{prefix}.post_attention_layernorm", h),
-        ]
-    modules.append(ModuleParams("model.norm", h))
-    if not c.tie_word_embeddings:
-        modules.append(_linear("lm_head", h, c.vocab_size))
-    return modules
+    """All parameter-owning modules of ``ZebraForCausalLM(config)`` in ``named_modules()`` order and naming."""
+    key = config.to_json_string(use_diff=False)
+    if key not in _INVENTORIES:
+        _INVENTORIES[key] = _build_inventory(config)
+    return list(_INVENTORIES[key])
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Turn a LLaMA-Factory training YAML into a ``TrainingSetup``, the way LLaMA-Factory itself reads it.
 
-The file is loaded with OmegaConf as ``llamafactory.hparams.parser.read_args`` does and parsed into
+The file is read by ``training_yaml.read_training_yaml`` (as ``llamafactory.hparams.parser.read_args`` does) and parsed into
 LLaMA-Factory's own ``ModelArguments``, ``DataArguments`` and ``FinetuningArguments``, so defaults and
 validation are LLaMA-Factory's. ``TrainingArguments`` is the exception: its ``__post_init__`` checks the
 *current* machine (bf16 needs a GPU, DeepSpeed initialises accelerate), and the plan is usually made on
@@ -15,40 +15,23 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..configuration_zebra import PRESET_HUB_IDS, PRESETS, ZebraConfig
+from ..configuration_zebra import PRESET_HUB_IDS, PRESETS, ZebraConfig, checkpoint_layout
+from ..training_yaml import read_training_yaml
 from .plan import TrainingSetup
 
-# A future key (sequence parallelism is not in LLaMA-Factory v0): tokens per GPU = cutoff_len / SP.
+# The plugin's sequence-parallel key (LLaMA-Factory 0.9.5 has none): tokens per GPU = cutoff_len / SP.
 SEQUENCE_PARALLEL_KEY = "sequence_parallel_size"
 ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "fa2": "flash_attention_2", "fa3": "flash_attention_2"}
-
-
-def load_yaml(path: str | os.PathLike) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    file = Path(path)
-    if not file.is_file():
-        raise ValueError(f"{path}: no such training YAML")
-    values = OmegaConf.to_container(OmegaConf.load(file.absolute()))
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: expected a mapping of LLaMA-Factory arguments, got {type(values).__name__}")
-    return values
 
 
 def resolve_model_config(name_or_path: str) -> tuple[ZebraConfig, str]:
     """A Zebra config from a local checkpoint (native or released layout), a preset name or a known hub id."""
     if os.path.isdir(name_or_path):
-        config_file = os.path.join(name_or_path, "config.json")
-        if not os.path.isfile(os.path.join(name_or_path, "hybrid_config.json")):
-            if not os.path.isfile(config_file):
-                raise ValueError(f"model_name_or_path {name_or_path}: no config.json or hybrid_config.json there")
-            with open(config_file, encoding="utf-8") as f:
-                model_type = json.load(f).get("model_type")
-            if model_type != ZebraConfig.model_type:
-                raise ValueError(
-                    f"{config_file}: model_type {model_type!r} is not a Zebra model "
-                    f"(expected {ZebraConfig.model_type!r}, or AMD's layout with a hybrid_config.json)"
-                )
+        if checkpoint_layout(name_or_path) is None:
+            raise ValueError(
+                f"model_name_or_path {name_or_path}: not a Zebra checkpoint (expected a config.json with "
+                f"model_type {ZebraConfig.model_type!r}, or AMD's layout with a hybrid_config.json)"
+            )
         return ZebraConfig.from_pretrained(name_or_path), name_or_path
     if name_or_path in PRESETS:
         return ZebraConfig.from_preset(name_or_path), f"preset {name_or_path}"
@@ -123,7 +106,7 @@ def setup_from_yaml(
     from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArguments
     from transformers import HfArgumentParser
 
-    values = load_yaml(path)
+    values = read_training_yaml(path)
     future = {SEQUENCE_PARALLEL_KEY: values.pop(SEQUENCE_PARALLEL_KEY, 1)}
     model_args, data_args, finetuning_args = HfArgumentParser(
         [ModelArguments, DataArguments, FinetuningArguments]

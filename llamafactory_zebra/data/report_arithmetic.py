@@ -1,4 +1,4 @@
-"""How LLaMA-Factory turns token lengths into packed sequences and optimizer steps (pure arithmetic).
+"""The ``data inspect`` report's arithmetic: packed-sequence counts and length percentiles from token lengths.
 
 Written out here because LLaMA-Factory only does this inside ``datasets.map``: its
 ``PackedSupervisedDatasetProcessor`` packs each *map batch* (``preprocessing_batch_size`` rows,
@@ -9,7 +9,6 @@ The knapsack itself is LLaMA-Factory's function, called as is.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -45,21 +44,6 @@ def count_packs(lengths: Sequence[int | None], batches: Sequence[range], capacit
         kept = [min(lengths[i], capacity) for i in batch if lengths[i] is not None]
         packs += len(greedy_knapsack(kept, capacity))
     return packs
-
-
-def steps_per_epoch(
-    sequences: int, per_device_batch_size: int, gradient_accumulation_steps: int, world_size: int, drop_last: bool
-) -> int:
-    """Optimizer steps for one epoch, as transformers' Trainer counts them.
-
-    Accelerate shards the batches across data-parallel ranks (``even_batches``: every rank gets
-    ``ceil(batches / world_size)``), and the Trainer rounds a partial accumulation window up.
-    """
-    if sequences == 0:
-        return 0
-    batches = sequences // per_device_batch_size if drop_last else math.ceil(sequences / per_device_batch_size)
-    per_rank = math.ceil(batches / world_size)
-    return max(math.ceil(per_rank / gradient_accumulation_steps), 1) if per_rank else 0
 
 
 def length_summary(lengths: Sequence[int]) -> dict[str, float]:
