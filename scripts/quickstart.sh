@@ -24,16 +24,20 @@ logs = [json.loads(line) for line in open("saves/zebra-tiny-sft/trainer_log.json
 print(f"loss: first logged {logs[0]['loss']:.3f} -> last logged {logs[-1]['loss']:.3f}")
 PY
 
-llamafactory-cli train examples/quickstart_heldout.yaml
 echo
-echo "Held-out numbers (never in the training data), greedy answers of the trained model:"
+echo "Held-out numbers (never in the training data), greedy answers through LLaMA-Factory's ChatModel:"
 python - <<'PY'
 import json
-rows = [json.loads(line) for line in open("saves/zebra-tiny-sft/heldout/generated_predictions.jsonl")]
-questions = [item["instruction"] for item in json.load(open("examples/data/quickstart_heldout.json"))]
+
+import yaml
+from llamafactory.chat import ChatModel
+
+chat_model = ChatModel(yaml.safe_load(open("examples/quickstart_chat.yaml")))
+rows = json.load(open("examples/data/quickstart_heldout.json"))
 correct = 0
-for question, row in zip(questions, rows, strict=True):
-    expected, answer = row["label"].strip(), row["predict"].strip()
+for row in rows:
+    question, expected = row["instruction"], row["output"]
+    answer = chat_model.chat([{"role": "user", "content": question}])[0].response_text.strip()
     correct += answer == expected
     print(f"  {question:<22} expected {expected:<14} model {answer:<14} {'ok' if answer == expected else 'WRONG'}")
 print(f"held-out accuracy: {correct}/{len(rows)} = {correct / len(rows):.0%}")

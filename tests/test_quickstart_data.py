@@ -52,6 +52,6 @@ def test_quickstart_configs_use_the_registered_splits():
     info = json.loads((DATA / "dataset_info.json").read_text())
     root = DATA.parents[1]
     assert (root / "examples" / "quickstart_cpu.yaml").read_text().count("dataset: quickstart_train") == 1
-    assert (root / "examples" / "quickstart_heldout.yaml").read_text().count("eval_dataset: quickstart_heldout") == 1
+    assert "examples/data/quickstart_heldout.json" in (root / "scripts" / "quickstart.sh").read_text()
     assert info["quickstart_train"]["file_name"] == "quickstart_train.json"
     assert info["quickstart_heldout"]["file_name"] == "quickstart_heldout.json"
