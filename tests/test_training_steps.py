@@ -30,13 +30,11 @@ def _trainer_steps(len_dataloader: int, accumulation: int, epochs: float) -> tup
     return values[1], values[-1]
 
 
-CASES = list(itertools.product([1, 7, 10, 33], [1, 2, 3], [1, 2, 4], [True, False]))
-
-
-@pytest.mark.parametrize("examples,batch,ranks,drop_last", CASES)
-def test_batches_per_rank_equal_accelerates(examples, batch, ranks, drop_last):
-    per_rank = _accelerate_batches(examples, batch, ranks, drop_last)
-    assert set(per_rank) == {batches_per_rank(examples, batch, ranks, drop_last)}
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_batches_per_rank_equal_accelerates(drop_last):
+    for examples, batch, ranks in itertools.product([1, 7, 10, 33], [1, 3], [1, 2, 4]):
+        per_rank = _accelerate_batches(examples, batch, ranks, drop_last)
+        assert set(per_rank) == {batches_per_rank(examples, batch, ranks, drop_last)}, (examples, batch, ranks)
 
 
 def test_the_issue_case_ten_rows_four_ranks_drop_last():
@@ -45,10 +43,10 @@ def test_the_issue_case_ten_rows_four_ranks_drop_last():
     assert optimizer_steps_per_epoch(10, 1, 1, 4, drop_last=False) == 3
 
 
-@pytest.mark.parametrize("accumulation,epochs", [(1, 1), (2, 3), (3, 1.5), (4, 0.25)])
 @pytest.mark.parametrize("drop_last", [True, False])
-def test_optimizer_steps_equal_the_trainers(accumulation, epochs, drop_last):
-    for examples, batch, ranks in [(10, 1, 4), (33, 2, 3), (7, 3, 2), (100, 4, 2)]:
+def test_optimizer_steps_equal_the_trainers(drop_last):
+    cases = itertools.product([(10, 1, 4), (33, 2, 3), (7, 3, 2), (100, 4, 2)], [(1, 1), (2, 3), (3, 1.5), (4, 0.25)])
+    for (examples, batch, ranks), (accumulation, epochs) in cases:
         (len_dataloader,) = set(_accelerate_batches(examples, batch, ranks, drop_last))
         per_epoch, total = _trainer_steps(len_dataloader, accumulation, epochs)
         assert optimizer_steps_per_epoch(examples, batch, accumulation, ranks, drop_last) == per_epoch
