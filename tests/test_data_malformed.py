@@ -6,13 +6,11 @@ import json
 import pytest
 from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
 from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArguments, TrainingArguments
-from llamafactory_zebra.tokenization import build_tiny_tokenizer
 from transformers import HfArgumentParser
 
 from llamafactory_zebra.data.row_policy import MalformedDataError
-from llamafactory_zebra.integration.datasets import install_dataset_seams
 
-install_dataset_seams()
+pytestmark = pytest.mark.usefixtures("dataset_seams")
 
 SHAREGPT = {"formatting": "sharegpt", "columns": {"messages": "conversations"}}
 ALPACA = {"formatting": "alpaca"}
@@ -27,11 +25,9 @@ def _turns(*pairs):
 GOOD = {"conversations": _turns(("human", "hi"), ("gpt", "hello"))}
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_tokenizer")
-    build_tiny_tokenizer().save_pretrained(path)
-    return str(path)
+@pytest.fixture
+def tokenizer(tiny_tokenizer_dir):
+    return str(tiny_tokenizer_dir)
 
 
 def _write_lines(path, rows):
