@@ -345,7 +345,7 @@ def test_cli_reports_bad_input_with_exit_code_2(base_dir, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from llamafactory_zebra.tokenization import build_tiny_tokenizer
+    from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
 
     return build_tiny_tokenizer()
 

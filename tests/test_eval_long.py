@@ -17,7 +17,7 @@ from llamafactory_zebra.evaluation.prefill import chunked_packed_logits, chunked
 from llamafactory_zebra.evaluation.runner import PromptFormat, generate_answers
 from llamafactory_zebra.evaluation.scoring import match_all, match_part, score_sample
 from llamafactory_zebra.evaluation.tasks import TASKS, TaskOptions, check_task_names, depth_grid, generate_samples
-from llamafactory_zebra.tokenization import build_tiny_tokenizer
+from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
