@@ -229,7 +229,8 @@ def test_gradient_checkpointing_and_sequence_parallel_shrink_activations():
 def test_inference_cache_is_the_latent_and_a_fixed_gdn_state():
     config = ZebraConfig.from_preset(ONE_M)
     short, long = inference_cache_bytes(config, 1000), inference_cache_bytes(config, 2000)
-    assert long["mla latent cache"] == 2 * short["mla latent cache"] == 2 * 7 * (256 + 64 + 1) * 2 * 1000
+    # Per MLA layer and token: the 256-value latent, the 64-dim rope key and one 1/rms per key head (8, qk_head norm).
+    assert long["mla latent cache"] == 2 * short["mla latent cache"] == 2 * 7 * (256 + 64 + 8) * 2 * 1000
     assert long["gdn state"] == short["gdn state"] > 0
 
 
