@@ -440,6 +440,9 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
+        # A training loss computed from the final hidden states and the lm_head weight *inside* this forward
+        # (distillation; see ``distill/``): ZeRO-3 gathers lm_head here, and DDP sees the whole graph.
+        head_loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = kwargs.pop("head_loss_fn", None)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -450,6 +453,9 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state
+        if head_loss_fn is not None:
+            loss = head_loss_fn(hidden_states, self.lm_head.weight)
+            return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=outputs.past_key_values)
         if self.fused_cross_entropy is not None and self.training and labels is not None:
             loss = fused_causal_lm_loss(
                 hidden_states,

@@ -15,7 +15,7 @@ from types import ModuleType
 from llamafactory_zebra_hook import DISABLE_ENV
 
 from .. import __version__
-from . import datasets, seams, sequence_parallel, webui
+from . import datasets, distill, seams, sequence_parallel, webui
 
 _announced = False
 
@@ -29,8 +29,9 @@ HANDLERS: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
     "llamafactory.model.loader": (seams.patch_loader,),
     "llamafactory.model.patcher": (seams.patch_rope,),
     # Order matters: the SP wrapper goes on first (innermost), so the key leaves the arguments before
-    # LLaMA-Factory parses them and the Zebra checks around it already see sequence_parallel_size.
-    "llamafactory.hparams.parser": (sequence_parallel.patch_parser, seams.patch_train_args),
+    # LLaMA-Factory parses them and the Zebra checks around it already see sequence_parallel_size; the
+    # distillation wrapper around it sees SP / tiled-MLP settings it cannot be combined with.
+    "llamafactory.hparams.parser": (sequence_parallel.patch_parser, distill.patch_parser, seams.patch_train_args),
     "llamafactory.webui.common": (datasets.on_webui_common_loaded,),
     "llamafactory.webui.interface": (webui.on_interface_loaded,),
     "llamafactory.webui.engine": (webui.on_engine_loaded,),

@@ -39,7 +39,7 @@ from ..configuration_zebra import (
 
 # Every name in LLaMA-Factory (and the one in DeepSpeed) that the plugin wraps, replaces or relies on:
 # (module, attribute — dotted for class members, parameters relied on, in order). The wrappers live
-# here and in datasets.py, webui.py and sequence_parallel.py (each next to the behaviour it adds); all
+# here and in datasets.py, webui.py, sequence_parallel.py and distill.py (each next to the behaviour it adds); all
 # of them fetch their target through require_seam, and tests/test_upstream_seams.py checks this table.
 UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("llamafactory.extras.constants", "register_model_group", ("models", "template", "multimodal")),
@@ -67,6 +67,11 @@ UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "CustomSeq2SeqTrainer.__init__",
         ("self", "finetuning_args", "processor", "model_args", "gen_kwargs"),
     ),
+    ("llamafactory.train.callbacks", "LogCallback.on_log", ("self", "args", "state", "control")),
+    ("llamafactory.train.callbacks", "LogCallback._write_log", ("self", "output_dir", "logs")),
+    ("llamafactory.extras.ploting", "plot_loss", ("save_dictionary", "keys")),
+    ("transformers.integrations.deepspeed", "set_hf_deepspeed_config", ("hf_deepspeed_config_obj",)),
+    ("transformers.integrations.deepspeed", "unset_hf_deepspeed_config", ()),
     (
         "deepspeed",
         "initialize",
