@@ -34,17 +34,36 @@ def stage_args(model_dir, out, **extra):
     }
 
 
-def heldout_examples(tokenizer):
+def demo_examples(tokenizer, rows):
+    """(ids ``[1, L]``, prompt length) of zebra_demo rows, encoded by LLaMA-Factory's own template."""
     from llamafactory.data import get_template_and_fix_tokenizer
     from llamafactory.hparams import DataArguments
 
     template = get_template_and_fix_tokenizer(tokenizer, DataArguments(template="zebra"))
-    samples = json.loads((REPO / "examples" / "data" / "zebra_demo.json").read_text())[TRAIN_SAMPLES:]
+    samples = json.loads((REPO / "examples" / "data" / "zebra_demo.json").read_text())[rows]
     examples = []
     for sample in samples:
-        prompt, response = template.encode_oneturn(tokenizer, sample["messages"])
+        messages = sample["messages"]
+        system = messages[0]["content"] if messages[0]["role"] == "system" else None
+        prompt, response = template.encode_oneturn(tokenizer, messages[1:] if system else messages, system=system)
         examples.append((torch.tensor([prompt + response]), len(prompt)))
     return examples
+
+
+def train_teacher(teacher, tokenizer, steps=40):
+    """SFT of the tiny Qwen3 on the demo task's training rows (in-process: the student's runs use the CLI)."""
+    examples = demo_examples(tokenizer, slice(0, TRAIN_SAMPLES))
+    optimizer = torch.optim.AdamW(teacher.parameters(), lr=5e-3)
+    teacher.train()
+    for step in range(steps):
+        ids, prompt_length = examples[step % len(examples)]
+        labels = ids.clone()
+        labels[:, :prompt_length] = -100
+        loss = teacher(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return teacher.eval()
 
 
 @torch.no_grad()
@@ -57,7 +76,7 @@ def heldout_kl_and_loss(student_dir, teacher_dir):
     student = AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float64).eval()
     teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float64).eval()
     kl = ce = tokens = 0.0
-    for ids, prompt_length in heldout_examples(AutoTokenizer.from_pretrained(student_dir)):
+    for ids, prompt_length in demo_examples(AutoTokenizer.from_pretrained(student_dir), slice(TRAIN_SAMPLES, None)):
         log_q = student(input_ids=ids).logits[0, prompt_length - 1 : -1].log_softmax(-1)
         log_p = teacher(input_ids=ids).logits[0, prompt_length - 1 : -1].log_softmax(-1)
         kl += float((log_p.exp() * (log_p - log_q)).sum())
@@ -74,19 +93,10 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("distill")
     tokenizer = build_tiny_tokenizer()
     ids = {"pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    teacher = tiny_qwen3(vocab_size=len(tokenizer), seed=5, bos_token_id=None, **ids)
-    teacher.save_pretrained(root / "teacher-init")
-    tokenizer.save_pretrained(root / "teacher-init")
-    run_cli(
-        "train",
-        stage_args(
-            root / "teacher-init", root / "teacher", max_steps=30, learning_rate=5e-3, enable_liger_kernel=False
-        ),
-        root,
-    )
-    from transformers import AutoModelForCausalLM
-
-    student = zebra_student_like(AutoModelForCausalLM.from_pretrained(root / "teacher"), seed=9, **ids)
+    teacher = train_teacher(tiny_qwen3(vocab_size=len(tokenizer), seed=5, bos_token_id=None, **ids), tokenizer)
+    teacher.save_pretrained(root / "teacher")
+    tokenizer.save_pretrained(root / "teacher")
+    student = zebra_student_like(teacher, seed=9, **ids)
     student.save_pretrained(root / "student")
     tokenizer.save_pretrained(root / "student")
     return root, root / "teacher", root / "student"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -66,59 +67,79 @@ class LayerStates:
     outputs: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
-@contextlib.contextmanager
-def _hooks(handles: list) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        for handle in handles:
+class LayerHooks:
+    """Hooks on every decoder layer that record into ``states`` and, while ``substitute`` is set, replace each
+    layer's ``hidden_states`` input with ``substitute.inputs[i]``.
+
+    Records keep the first value per layer, so the recomputation of a checkpointed layer in backward changes
+    nothing. The hooks stay until :meth:`remove`: with gradient checkpointing the backward re-runs each
+    layer, and it must see the same teacher input as the forward did.
+    """
+
+    def __init__(self, layers: nn.ModuleList, record_inputs: bool) -> None:
+        self.states = LayerStates()
+        self.substitute: LayerStates | None = None
+        self.handles = []
+        for index, layer in enumerate(layers):
+            self.handles.append(
+                layer.register_forward_pre_hook(
+                    functools.partial(self._pre_hook, index, record_inputs), with_kwargs=True
+                )
+            )
+            self.handles.append(
+                mixer_of(layer).register_forward_hook(functools.partial(self._record, "mixer_outputs", index))
+            )
+            self.handles.append(layer.register_forward_hook(functools.partial(self._record, "outputs", index)))
+
+    def _pre_hook(self, index, record_inputs, module, args, kwargs):
+        if record_inputs:
+            self.states.inputs.setdefault(index, _hidden_states_argument(args, kwargs))
+        if self.substitute is None:
+            return None
+        forced = self.substitute.inputs[index].to(_hidden_states_argument(args, kwargs).dtype)
+        if args:
+            return (forced, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": forced}
+
+    def _record(self, kind, index, module, args, output):
+        getattr(self.states, kind).setdefault(index, _first(output))
+
+    def start(self, substitute: LayerStates | None = None) -> LayerStates:
+        """Begin a new forward: fresh records, and the teacher states to feed in (``None``: no substitution)."""
+        self.states, self.substitute = LayerStates(), substitute
+        return self.states
+
+    def stop(self) -> None:
+        self.states, self.substitute = LayerStates(), None
+
+    def remove(self) -> None:
+        for handle in self.handles:
             handle.remove()
-
-
-@contextlib.contextmanager
-def recording(layers: nn.ModuleList, states: LayerStates, substitute: LayerStates | None = None) -> Iterator[None]:
-    """Hooks that fill ``states`` (first call only: checkpoint recomputation does not overwrite) and, with
-    ``substitute``, replace each layer's ``hidden_states`` input with ``substitute.inputs[i]``."""
-    handles = []
-    for index, layer in enumerate(layers):
-
-        def pre_hook(module, args, kwargs, index=index):
-            if substitute is None:
-                states.inputs.setdefault(index, _hidden_states_argument(args, kwargs))
-                return None
-            forced = substitute.inputs[index].to(_hidden_states_argument(args, kwargs).dtype)
-            if args:
-                return (forced, *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": forced}
-
-        def mixer_hook(module, args, output, index=index):
-            states.mixer_outputs.setdefault(index, _first(output))
-
-        def layer_hook(module, args, output, index=index):
-            states.outputs.setdefault(index, _first(output))
-
-        handles.append(layer.register_forward_pre_hook(pre_hook, with_kwargs=True))
-        handles.append(mixer_of(layer).register_forward_hook(mixer_hook))
-        handles.append(layer.register_forward_hook(layer_hook))
-    with _hooks(handles):
-        yield
+        self.handles.clear()
 
 
 @torch.no_grad()
 def teacher_layer_states(teacher: nn.Module, **inputs) -> LayerStates:
     """Run the teacher's decoder (no lm_head) once and keep every layer's input, mixer output and output."""
-    states = LayerStates()
-    with recording(decoder_layers(teacher), states):
+    hooks = LayerHooks(decoder_layers(teacher), record_inputs=True)
+    try:
+        states = hooks.start()
         teacher.get_decoder()(**inputs, use_cache=False)
+    finally:
+        hooks.remove()
     return states
 
 
 @contextlib.contextmanager
 def teacher_forced(student: nn.Module, teacher: LayerStates) -> Iterator[LayerStates]:
-    """During one student forward: teacher inputs in, the student's mixer and layer outputs recorded."""
-    states = LayerStates()
-    with recording(decoder_layers(student), states, substitute=teacher):
-        yield states
+    """For one student forward *and its backward* (run both inside): teacher inputs in, outputs recorded.
+
+    The trainer keeps one :class:`LayerHooks` for the whole run instead (``start`` per step)."""
+    hooks = LayerHooks(decoder_layers(student), record_inputs=False)
+    try:
+        yield hooks.start(teacher)
+    finally:
+        hooks.remove()
 
 
 def distance(student: torch.Tensor, teacher: torch.Tensor, token_mask: torch.Tensor, kind: str) -> torch.Tensor:

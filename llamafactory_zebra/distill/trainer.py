@@ -25,7 +25,7 @@ import torch
 
 from ..loss import IGNORE_INDEX, liger_can_run, shifted_targets
 from .args import DistillArguments
-from .ild import decoder_layers, ild_layer_losses, teacher_forced, teacher_layer_states
+from .ild import LayerHooks, decoder_layers, ild_layer_losses, teacher_layer_states
 from .kd_loss import kd_loss_sums
 from .teacher import load_teacher, teacher_inputs
 
@@ -48,7 +48,7 @@ def freeze_outside_ild(model: torch.nn.Module, distill: DistillArguments) -> int
     for name, parameter in model.named_parameters():
         if not parameter.requires_grad:
             continue
-        inside = f".{name}".find(".layers.") >= 0 and any(f".{prefix}" in f".{name}" for prefix in prefixes)
+        inside = any(f".{prefix}" in f".{name}" for prefix in prefixes)
         if inside and distill.ild_trainable == "mixers":
             inside = ".mla." in name or ".gdn." in name
         if not inside:
@@ -85,6 +85,7 @@ def distill_trainer(base: type) -> type:
             if self.distill.distill == "ild":
                 self.model_accepts_loss_kwargs = False
                 frozen = freeze_outside_ild(student, self.distill)
+                self.teacher_forcing: LayerHooks | None = None
                 self._log(f"ILD: {frozen} parameter tensors frozen (no ILD signal reaches them)")
                 if getattr(student, "is_gradient_checkpointing", False):
                     # Reentrant checkpointing runs the first forward without a graph, which would cut the
@@ -143,21 +144,32 @@ def distill_trainer(base: type) -> type:
 
         def _ild_loss(self, model, inputs, batch_inputs, real_tokens, return_outputs):
             teacher = teacher_layer_states(self.teacher, **batch_inputs)
-            student = _unwrapped(self.accelerator.unwrap_model(model))
-            count = len(decoder_layers(student))
-            layers = list(range(count)) if self.distill.ild_layers is None else self.distill.ild_layers
+            layers = list(range(len(teacher.outputs))) if self.distill.ild_layers is None else self.distill.ild_layers
+            if self.teacher_forcing is None:
+                # Installed once (a checkpointed layer re-runs in backward and must get the same teacher input),
+                # at the first step: after DeepSpeed's ZeRO-3 hooks, so the outputs recorded are the ones its
+                # backward hooks are attached to.
+                student = _unwrapped(self.accelerator.unwrap_model(model))
+                self.teacher_forcing = LayerHooks(decoder_layers(student), record_inputs=False)
+            recorded = self.teacher_forcing.start(teacher)
             sums = self.distill_sums
-            with teacher_forced(student, teacher) as recorded:
 
-                def head_loss(hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
-                    losses = ild_layer_losses(recorded, teacher, layers, real_tokens, self.distill.ild_loss)
-                    for index, value in losses.items():
-                        sums[f"ild_loss_{index}"] += value.detach().double().cpu()
-                    sums["micro_batches"] += 1
-                    return torch.stack(list(losses.values())).sum()
+            def head_loss(hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+                losses = ild_layer_losses(recorded, teacher, layers, real_tokens, self.distill.ild_loss)
+                for index, value in losses.items():
+                    sums[f"ild_loss_{index}"] += value.detach().double().cpu()
+                sums["micro_batches"] += 1
+                return torch.stack(list(losses.values())).sum()
 
-                inputs["head_loss_fn"] = head_loss
-                return super().compute_loss(model, inputs, return_outputs)
+            inputs["head_loss_fn"] = head_loss
+            return super().compute_loss(model, inputs, return_outputs)
+
+        def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+            try:
+                return super().training_step(*args, **kwargs)
+            finally:
+                if self.distill.distill == "ild" and self.teacher_forcing is not None:
+                    self.teacher_forcing.stop()  # after backward: drop this step's teacher states
 
         def save_state(self) -> None:
             """After SFT's own ``training_loss.png``, one plot per distillation metric (``plot_loss: true``)."""
