@@ -107,7 +107,10 @@ def ild_then_kd(root, name, teacher, student, env=None, **extra):
     common = {"teacher_model_name_or_path": str(teacher), **extra}
     log = run_cli("train", stage_args(student, ild_out, distill="ild", ild_loss="l2", **common), root, env=env)
     run_cli(
-        "train", stage_args(ild_out, kd_out, distill="kd", kd_kl_weight=1.0, kd_ce_weight=0.0, **common), root, env=env
+        "train",
+        stage_args(ild_out, kd_out, distill="kd", kd_kl_weight=1.0, kd_ce_weight=0.0, learning_rate=1e-3, **common),
+        root,
+        env=env,
     )
     return log, ild_out, kd_out
 
@@ -117,8 +120,9 @@ def log_entries(output_dir):
 
 
 def assert_falls(entries, key):
+    """The mean of the last four logged values is below that of the first four (single batches are noisy)."""
     values = [entry[key] for entry in entries if key in entry]
-    assert len(values) >= 5 and values[-1] < values[0], (key, values)
+    assert len(values) >= 8 and sum(values[-4:]) < sum(values[:4]), (key, values)
 
 
 def test_ild_then_kd_single_process_lowers_heldout_kl_and_loss(models):
@@ -136,6 +140,7 @@ def test_ild_then_kd_single_process_lowers_heldout_kl_and_loss(models):
     assert (kd_out / "training_kd_loss.png").stat().st_size > 0
     kl1, ce1 = heldout_kl_and_loss(ild_out, teacher)
     kl2, ce2 = heldout_kl_and_loss(kd_out, teacher)
+    print(f"held-out KL {kl0:.4f} -> ILD {kl1:.4f} -> KD {kl2:.4f}; CE {ce0:.4f} -> {ce1:.4f} -> {ce2:.4f}")
     assert kl2 < kl0 / KL_DROP_FACTOR and kl2 < kl1, (kl0, kl1, kl2)
     assert ce2 < ce0, (ce0, ce1, ce2)
 
@@ -151,6 +156,7 @@ def test_ild_then_kd_on_two_zero3_ranks_lowers_heldout_kl_and_loss(models):
     assert_falls(log_entries(ild_out), "ild_loss_1")
     assert_falls(log_entries(kd_out), "kd_loss")
     kl2, ce2 = heldout_kl_and_loss(kd_out, teacher)
+    print(f"2 ranks: held-out KL {kl0:.4f} -> {kl2:.4f}; CE {ce0:.4f} -> {ce2:.4f}")
     assert kl2 < kl0 / KL_DROP_FACTOR and ce2 < ce0, (kl0, kl2, ce0, ce2)
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from llamafactory_zebra.distill.kd_loss import full_logits_kd_loss_sums, kd_loss_sums
-from llamafactory_zebra.loss import IGNORE_INDEX, shifted_targets
+from llamafactory_zebra.loss import IGNORE_INDEX, liger_can_run, shifted_targets
 
 
 def sft_batch(dtype, batch=2, length=37, hidden=16, teacher_hidden=24, vocab=101, seed=0):
@@ -72,3 +72,15 @@ def test_kd_rejects_mismatched_vocabularies():
     h_s, w_s, h_t, w_t, targets = sft_batch(torch.float32)
     with pytest.raises(ValueError, match="vocabulary 100 vs 101"):
         kd_loss_sums(h_s, w_s, h_t, w_t[:100], targets)
+
+
+@pytest.mark.skipif(not liger_can_run(), reason="Liger's Triton kernels need a CUDA/ROCm GPU")
+@pytest.mark.parametrize("reverse", [False, True])
+def test_liger_backend_matches_full_logits_on_gpu(reverse):
+    batch = [t.cuda() for t in sft_batch(torch.float32, teacher_hidden=16)]
+    kwargs = dict(temperature=2.0, reverse=reverse, kl_weight=1.0, ce_weight=0.5)
+    expected = value_and_grads(full_logits_kd_loss_sums, *batch, **kwargs)
+    actual = value_and_grads(kd_loss_sums, *batch, backend="liger", **kwargs)
+    count = int((batch[4] != IGNORE_INDEX).sum())
+    for got, want in zip(actual, expected, strict=True):
+        torch.testing.assert_close(got / count, want / count, rtol=1e-4, atol=1e-5)

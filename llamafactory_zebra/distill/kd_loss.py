@@ -147,8 +147,8 @@ def kd_loss_sums(
     if backend != "chunked":
         raise ValueError(f"KD backend must be one of {KD_BACKENDS}, got {backend!r}")
     vocab = student_weight.shape[0]
-    # Two models' logits live at once (and the student's gradient): half the fused-CE chunk.
-    chunk_tokens = max(1, default_chunk_tokens(vocab) // 2) if chunk_tokens is None else chunk_tokens
+    # The fused-CE chunk (64 tokens for Qwen3's vocabulary): a few times its 64 MiB of logits live at once.
+    chunk_tokens = default_chunk_tokens(vocab) if chunk_tokens is None else chunk_tokens
     if chunk_tokens <= 0:
         raise ValueError(f"chunk_tokens must be positive, got {chunk_tokens}")
     return _ChunkedLinearKD.apply(
