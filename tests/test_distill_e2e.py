@@ -68,21 +68,23 @@ def train_teacher(teacher, tokenizer, steps=40):
 
 @torch.no_grad()
 def heldout_kl_and_loss(student_dir, teacher_dir):
-    """Mean over held-out response tokens of KL(teacher‖student) and of the student's cross-entropy."""
+    """Mean over held-out response tokens of KL(teacher‖student), and |student CE − teacher CE| (how far the
+    student's held-out loss is from the teacher's)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import llamafactory_zebra  # noqa: F401
 
     student = AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float64).eval()
     teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float64).eval()
-    kl = ce = tokens = 0.0
+    kl = ce = teacher_ce = tokens = 0.0
     for ids, prompt_length in demo_examples(AutoTokenizer.from_pretrained(student_dir), slice(TRAIN_SAMPLES, None)):
         log_q = student(input_ids=ids).logits[0, prompt_length - 1 : -1].log_softmax(-1)
         log_p = teacher(input_ids=ids).logits[0, prompt_length - 1 : -1].log_softmax(-1)
         kl += float((log_p.exp() * (log_p - log_q)).sum())
         ce -= float(log_q.gather(1, ids[0, prompt_length:, None]).sum())
+        teacher_ce -= float(log_p.gather(1, ids[0, prompt_length:, None]).sum())
         tokens += ids.shape[1] - prompt_length
-    return kl / tokens, ce / tokens
+    return kl / tokens, abs(ce - teacher_ce) / tokens
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +142,9 @@ def test_ild_then_kd_single_process_lowers_heldout_kl_and_loss(models):
     assert (kd_out / "training_kd_loss.png").stat().st_size > 0
     kl1, ce1 = heldout_kl_and_loss(ild_out, teacher)
     kl2, ce2 = heldout_kl_and_loss(kd_out, teacher)
-    print(f"held-out KL {kl0:.4f} -> ILD {kl1:.4f} -> KD {kl2:.4f}; CE {ce0:.4f} -> {ce1:.4f} -> {ce2:.4f}")
+    print(
+        f"held-out KL {kl0:.4f} -> ILD {kl1:.4f} -> KD {kl2:.4f}; |CE - teacher CE| {ce0:.4f} -> {ce1:.4f} -> {ce2:.4f}"
+    )
     assert kl2 < kl0 / KL_DROP_FACTOR and kl2 < kl1, (kl0, kl1, kl2)
     assert ce2 < ce0, (ce0, ce1, ce2)
 
@@ -156,7 +160,7 @@ def test_ild_then_kd_on_two_zero3_ranks_lowers_heldout_kl_and_loss(models):
     assert_falls(log_entries(ild_out), "ild_loss_1")
     assert_falls(log_entries(kd_out), "kd_loss")
     kl2, ce2 = heldout_kl_and_loss(kd_out, teacher)
-    print(f"2 ranks: held-out KL {kl0:.4f} -> {kl2:.4f}; CE {ce0:.4f} -> {ce2:.4f}")
+    print(f"2 ranks: held-out KL {kl0:.4f} -> {kl2:.4f}; |CE - teacher CE| {ce0:.4f} -> {ce2:.4f}")
     assert kl2 < kl0 / KL_DROP_FACTOR and ce2 < ce0, (kl0, kl2, ce0, ce2)
 
 
