@@ -21,7 +21,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..modeling_zebra import block_causal_mask, packed_segment_ids, positions_within_segments
+from ..modeling_zebra import block_causal_mask, packed_segment_ids
+
+
+def positions_within_segments(segment_ids: torch.Tensor) -> torch.Tensor:
+    """0, 1, 2… restarting at each new segment: what transformers' FlashAttention-2 path reads borders from."""
+    index = torch.arange(segment_ids.shape[-1], device=segment_ids.device).expand_as(segment_ids)
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    return index - torch.where(starts, index, torch.zeros_like(index)).cummax(-1).values
 
 
 @contextlib.contextmanager
