@@ -90,7 +90,7 @@ def heldout_kl_and_loss(student_dir, teacher_dir):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """The teacher (tiny Qwen3 after SFT on the demo task through the CLI) and the initial student."""
-    from llamafactory_zebra.tokenization import build_tiny_tokenizer
+    from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("distill")
     tokenizer = build_tiny_tokenizer()
@@ -166,7 +166,7 @@ def test_ild_then_kd_on_two_zero3_ranks_lowers_heldout_kl_and_loss(models):
 
 @pytest.fixture(scope="module")
 def untrained(tmp_path_factory):
-    from llamafactory_zebra.tokenization import build_tiny_tokenizer
+    from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("distill-args")
     tokenizer = build_tiny_tokenizer()
