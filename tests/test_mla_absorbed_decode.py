@@ -100,3 +100,28 @@ def test_qk_head_cache_holds_one_scale_per_key_head_next_to_the_latent():
     config = model.config
     assert layer.keys.shape[-1] == config.kv_lora_rank
     assert layer.values.shape[-1] == config.qk_rope_head_dim + config.num_key_value_heads
+
+
+@pytest.mark.parametrize("mla_norm", ["qk_head", "lora"])
+def test_a_lora_adapter_on_kv_b_proj_reaches_the_key_scale_and_the_absorbed_decode(mla_norm):
+    """PEFT adds its delta in ``kv_b_proj.forward`` only: the cached key scale and the absorbed matrices must
+    see it, so the adapter model equals its merged copy in a one-shot forward and in cached decoding."""
+    from peft import LoraConfig, get_peft_model
+
+    model = perturbed_tiny("sdpa", mla_norm, True)
+    adapter_config = LoraConfig(r=4, target_modules=["kv_b_proj", "q_b_proj"], init_lora_weights=False)
+    with_adapter = get_peft_model(model, adapter_config).eval()
+    prompt = torch.randint(3, 1000, (2, 13))
+    mask = torch.ones_like(prompt)
+    mask[1, :4] = 0
+    steps = torch.randint(3, 1000, (2, 4))
+    sequence, full_mask = torch.cat([prompt, steps], dim=1), torch.ones(2, 17, dtype=mask.dtype)
+    full_mask[1, :4] = 0
+    with torch.no_grad():
+        adapter_forward = with_adapter(sequence, attention_mask=full_mask).logits
+    adapter_decode = decode_logits(with_adapter, prompt, mask, steps)
+    merged = with_adapter.merge_and_unload()
+    with torch.no_grad():
+        merged_forward = merged(sequence, attention_mask=full_mask).logits
+    torch.testing.assert_close(adapter_forward, merged_forward, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(adapter_decode, decode_logits(merged, prompt, mask, steps), atol=1e-5, rtol=1e-5)

@@ -191,41 +191,44 @@ class ZebraMLA(nn.Module):
         return latent.unsqueeze(1), rope_key.unsqueeze(1)
 
     def cache_entry(
-        self, latent: torch.Tensor, rope_key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """What the decode cache holds per token: the latent and the rotated rope key.
+        self, new_kv: torch.Tensor, rope_key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
+        """The rope part of what the decode cache holds per token (the latent is cached as it is).
 
-        For ``qk_head`` the rope key is ``k_norm``'s rope weights times ``k_pe``, rotated, plus one channel
-        per key head with that head's ``1 / rms`` (see the module docstring).
+        ``new_kv`` is ``kv_b_proj`` of the new tokens' latents ``[B, T, kv_heads · (nope + v)]``. For
+        ``qk_head`` the entry is ``k_norm``'s rope weights times ``k_pe``, rotated, plus one channel per key
+        head with that head's ``1 / rms`` (see the module docstring), taken from ``new_kv``'s keys: through
+        the module, so a LoRA adapter on ``kv_b_proj`` and ZeRO-3's gathering of its weight both apply.
         """
         if self.mla_norm != MLA_NORM_QK_HEAD:
-            return latent, apply_rotary(rope_key, cos, sin, self.rope_interleave)
+            return apply_rotary(rope_key, cos, sin, self.rope_interleave)
         compute = torch.promote_types(rope_key.dtype, torch.float32)
-        key_nope = nn.functional.linear(latent.squeeze(1), self.key_up_weight().flatten(0, 1))
-        key_nope = key_nope.unflatten(-1, (self.num_key_value_heads, self.qk_nope_head_dim))
-        energy = key_nope.to(compute).pow(2).sum(-1) + rope_key.squeeze(1).to(compute).pow(2).sum(-1, keepdim=True)
+        key_nope = self.split_heads(new_kv)[0]
+        energy = key_nope.to(compute).pow(2).sum(-1) + rope_key.to(compute).pow(2).sum(-1)
         inverse_rms = torch.rsqrt(energy / self.qk_head_dim + self.k_norm.variance_epsilon)
         weighted = rope_key * self.k_norm.weight[self.qk_nope_head_dim :]
         rotated = apply_rotary(weighted, cos, sin, self.rope_interleave)
-        return latent, torch.cat((rotated, inverse_rms.unsqueeze(1).to(rotated.dtype)), dim=-1)
+        return torch.cat((rotated, inverse_rms.transpose(1, 2).unsqueeze(1).to(rotated.dtype)), dim=-1)
 
-    def key_up_weight(self) -> torch.Tensor:
-        """``kv_b_proj``'s key half as ``[kv_heads, nope, r]``."""
-        weight = self.kv_b_proj.weight.view(self.num_key_value_heads, self.qk_nope_head_dim + self.v_head_dim, -1)
-        return weight[:, : self.qk_nope_head_dim]
+    def split_heads(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``kv_b_proj`` output ``[B, S, kv_heads · (nope + v)]`` → key nope and value ``[B, kv_heads, S, ·]``."""
+        kv = kv.unflatten(-1, (self.num_key_value_heads, self.qk_nope_head_dim + self.v_head_dim)).transpose(1, 2)
+        return kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
 
-    def value_up_weight(self) -> torch.Tensor:
-        """``kv_b_proj``'s value half as ``[kv_heads, v, r]``."""
-        weight = self.kv_b_proj.weight.view(self.num_key_value_heads, self.qk_nope_head_dim + self.v_head_dim, -1)
-        return weight[:, self.qk_nope_head_dim :]
+    def up_projection(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The matrix ``kv_b_proj`` applies, split into its key ``[kv_heads, nope, r]`` and value ``[kv_heads, v, r]`` halves.
 
-    def expand(self, latent: torch.Tensor, rope_entry: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cached latent ``[B, 1, S, r]`` and rope entry ``[B, 1, S, ·]`` → keys and values ``[B, kv_heads, S, ·]``."""
-        batch, _, length, _ = latent.shape
-        kv = self.kv_b_proj(latent.squeeze(1)).view(
-            batch, length, self.num_key_value_heads, self.qk_nope_head_dim + self.v_head_dim
-        )
-        key_nope, value = kv.transpose(1, 2).split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+        Read by calling the module on the identity rather than from ``.weight``: a PEFT LoRA wrapper adds its
+        delta only in ``forward`` (``.weight`` is the frozen base), and ZeRO-3 gathers a partitioned weight
+        only around its module's ``forward``. ``kv_b_proj`` has no bias, so this is exactly the matrix.
+        """
+        identity = torch.eye(self.kv_lora_rank, dtype=dtype, device=self.kv_b_proj.weight.device)
+        key, value = self.split_heads(self.kv_b_proj(identity)[None])
+        return key[0].transpose(1, 2), value[0].transpose(1, 2)
+
+    def expand(self, kv: torch.Tensor, rope_entry: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``kv_b_proj`` of the cached latents ``[B, S, ·]`` and the rope entries ``[B, 1, S, ·]`` → keys and values ``[B, kv_heads, S, ·]``."""
+        key_nope, value = self.split_heads(kv)
         rope_key = rope_entry
         if self.mla_norm == MLA_NORM_QK_HEAD:
             rope_key, inverse_rms = rope_entry.split([self.qk_rope_head_dim, self.num_key_value_heads], dim=-1)
@@ -253,18 +256,21 @@ class ZebraMLA(nn.Module):
         )
         query = torch.cat((query_nope, apply_rotary(query_rope, cos, sin, self.rope_interleave)), dim=-1)
 
-        latent, rope_entry = self.cache_entry(*self.compress(hidden_states), cos, sin)
-        decoding = False
+        latent, rope_key = self.compress(hidden_states)
+        kv = self.kv_b_proj(latent.squeeze(1))
+        rope_entry = self.cache_entry(kv, rope_key, cos, sin)
+        past_length = 0
         if past_key_values is not None:
             past_length = past_key_values.get_seq_length(self.layer_idx)
-            decoding = self.absorbed_decode and past_length > 0 and length <= ABSORBED_DECODE_MAX_QUERIES
             latent, rope_entry = past_key_values.update(latent, rope_entry, self.layer_idx)
-        if decoding:
+        if past_length > 0 and self.absorbed_decode and length <= ABSORBED_DECODE_MAX_QUERIES:
             output = self.absorbed_attention(
                 query_nope, query[..., self.qk_nope_head_dim :], latent, rope_entry, attention_mask
             )
             return self.out_proj(output)
-        key, value = self.expand(latent, rope_entry)
+        if past_length > 0:
+            kv = self.kv_b_proj(latent.squeeze(1))
+        key, value = self.expand(kv, rope_entry)
 
         attention_interface: Callable = eager_attention_forward
         if self.config._attn_implementation in FLASH_ATTENTION_BACKENDS:
@@ -307,7 +313,8 @@ class ZebraMLA(nn.Module):
             query_nope = query_nope * self.k_norm.weight[: self.qk_nope_head_dim]
         query_nope = query_nope.view(batch, kv_heads, groups, queries, -1)
         query_rope = query_rope.reshape(batch, kv_heads, groups, queries, -1)
-        query_latent = torch.einsum("bkgqn,knr->bkgqr", query_nope, self.key_up_weight())
+        key_up, value_up = self.up_projection(latent.dtype)
+        query_latent = torch.einsum("bkgqn,knr->bkgqr", query_nope, key_up)
         scores = torch.einsum("bkgqr,bsr->bkgqs", query_latent, latent)
         scores = scores + torch.einsum("bkgqd,bsd->bkgqs", query_rope, rope_key)
         if self.mla_norm == MLA_NORM_QK_HEAD:
@@ -318,7 +325,7 @@ class ZebraMLA(nn.Module):
         scores = scores.masked_fill(~visible[:, None, None], torch.finfo(scores.dtype).min)
         weights = scores.softmax(dim=-1).to(latent.dtype)
         context = torch.einsum("bkgqs,bsr->bkgqr", weights, latent)
-        output = torch.einsum("bkgqr,kvr->bqkgv", context, self.value_up_weight())
+        output = torch.einsum("bkgqr,kvr->bqkgv", context, value_up)
         return output.reshape(batch, queries, self.num_heads * self.v_head_dim)
 
 
