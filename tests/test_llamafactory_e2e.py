@@ -339,6 +339,8 @@ def test_disabled_plugin_leaves_zebra_unknown_to_stock_llamafactory(tiny_dir, tm
                 "finetuning_type": "full",
                 "output_dir": str(tmp_path / "o"),
                 "dataset": "zebra_demo",
+                # Stock's own template (zebra's would be the first unknown name): the model type is what fails.
+                "template": "qwen3",
             }
         )
     )
