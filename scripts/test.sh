@@ -20,4 +20,7 @@ python -m pip install --quiet -e ".[test]"
 
 ruff check .
 ruff format --check .
+# Tiny models: one intra-op thread per process is fastest, and the multi-process tests (torchrun workers
+# beside pytest) would otherwise oversubscribe the cores. Set OMP_NUM_THREADS to override.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 python -m pytest -q "$@"
