@@ -6,15 +6,17 @@ no key mapping.
 
 Packed batches never leak across samples: when ``position_ids`` restart inside a row (LLaMA-Factory's
 ``packing``), when the 2-D attention mask carries segment ids 1, 2, 3… (``neat_packing``), or when a
-4-D block-diagonal mask is given, the model derives per-sample segments once and hands them to both
-mixers — as ``cu_seqlens`` to the GDN recurrence and convolutions, and as a block-diagonal mask (or
-the same ``cu_seqlens`` for FlashAttention-2's varlen path) to MLA.
+4-D block-diagonal mask is given, ``ZebraModel.forward`` derives per-sample segments once (the rule
+lives in ``packing.py``) and ``ZebraModel._mixer_inputs`` hands them to both mixers — as ``cu_seqlens``
+to the GDN recurrence and convolutions, and as a block-diagonal mask (or the same ``cu_seqlens``
+for FlashAttention-2's varlen path) to MLA.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,8 +36,8 @@ from .layers.mla import ZebraMLA
 from .layers.norms import ZebraRMSNorm
 from .layers.tiled_mlp import AUTO, set_mlp_tiles, tiled_mlp_forward
 from .loss import fused_causal_lm_loss, liger_can_run
-from .ops import cu_seqlens_from_segment_ids
-from .parallel.context import SequenceParallelContext
+from .packing import block_causal_mask, cu_seqlens_from_segment_ids, packed_segment_ids
+from .parallel import SequenceParallelContext, build_sequence_parallel_context, gather_row_segment_ids
 
 
 class ZebraMLP(nn.Module):
@@ -270,41 +272,10 @@ class ZebraPreTrainedModel(PreTrainedModel):
             init.kaiming_uniform_(module.weight, a=math.sqrt(5))
 
 
-def packed_segment_ids(attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None) -> torch.Tensor | None:
-    """``[B, T]`` sample ids (0 on padding) when a row holds several packed samples, else ``None``."""
-    if attention_mask is not None and attention_mask.dim() == 4:
-        visible = attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
-        sees_previous = visible[:, 0].diagonal(offset=-1, dim1=-2, dim2=-1)
-        if bool(sees_previous.all()):
-            return None
-        starts = torch.ones_like(visible[:, 0, :, 0], dtype=torch.long)
-        starts[:, 1:] = (~sees_previous).long()
-        return starts.cumsum(-1)
-    if attention_mask is not None and attention_mask.dim() == 2 and bool((attention_mask > 1).any()):
-        return attention_mask.long()
-    if position_ids is None or position_ids.shape[-1] < 2:
-        return None
-    restarts = position_ids[:, 1:] - position_ids[:, :-1] != 1
-    if not bool(restarts.any()):
-        return None
-    starts = torch.ones_like(position_ids, dtype=torch.long)
-    starts[:, 1:] = restarts.long()
-    segments = starts.cumsum(-1)
-    if attention_mask is not None and attention_mask.dim() == 2:
-        segments = segments.masked_fill(attention_mask[:, -segments.shape[-1] :] == 0, 0)
-    return segments
-
-
-def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """``[B, 1, T, T]`` boolean mask: causal and within one segment (padding tokens see only padding)."""
-    length = segment_ids.shape[-1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=segment_ids.device).tril()
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    return (same & causal)[:, None]
-
-
 class ZebraModel(ZebraPreTrainedModel):
     _keys_to_ignore_on_load_unexpected = [r"^lm_head\."]
+    # ``parallel.enable_sequence_parallel`` looks for this flag (``parallel`` never imports the model).
+    supports_sequence_parallel = True
 
     def __init__(self, config: ZebraConfig) -> None:
         super().__init__(config)
@@ -330,90 +301,119 @@ class ZebraModel(ZebraPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids or inputs_embeds")
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-        if past_key_values is not None and not isinstance(past_key_values, ZebraHybridCache):
-            raise TypeError(
-                f"Zebra models need a ZebraHybridCache (MLA latents + GDN states), got {type(past_key_values).__name__}"
-            )
+        inputs_embeds = self._embed(input_ids, inputs_embeds)
+        self._check_cache_and_sequence_parallel(past_key_values, position_ids)
         batch, length = inputs_embeds.shape[:2]
-        if self.sequence_parallel is not None and (past_key_values is not None or position_ids is None):
-            raise ValueError(
-                "with sequence parallelism the model needs the shard's position_ids "
-                "(llamafactory_zebra.parallel.shard_batch) and cannot decode with a cache"
-            )
-        past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None:
+            past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = torch.arange(past_seen, past_seen + length, device=inputs_embeds.device)[None]
         position_ids = position_ids.expand(batch, -1)
-        sp_context = None
 
-        # A cache passed in means decoding: rows are single (possibly left-padded) sequences, whose
-        # generate()-made position_ids restart at the padding and must not be read as packing.
-        if past_key_values is not None:
-            if attention_mask is not None and attention_mask.dim() == 2 and bool((attention_mask > 1).any()):
-                raise ValueError("Packed sequences (segment ids in attention_mask) cannot be used with a decode cache")
-            segment_ids = None
-        elif self.sequence_parallel is not None:
-            sp_context = SequenceParallelContext.from_local_inputs(
-                self.sequence_parallel, position_ids, attention_mask, packed_segment_ids
-            )
-            segment_ids = sp_context.local_segment_ids
-        else:
-            segment_ids = packed_segment_ids(attention_mask, position_ids)
-            use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-            if use_cache and segment_ids is None:
-                past_key_values = ZebraHybridCache(self.config)
-        cu_seqlens = padding_mask = None
-        layer_kwargs = dict(kwargs)
-        if segment_ids is not None:
-            cu_seqlens = cu_seqlens_from_segment_ids(segment_ids)
-            padding_mask = (segment_ids != 0).to(inputs_embeds.dtype)
-            if sp_context is not None:
-                mla_mask = None
-                layer_kwargs["sp_context"] = sp_context
-            elif self.config._attn_implementation in ("flash_attention_2", "flash_attention_3"):
-                # The borders themselves, over all B * T tokens: transformers reads packing from restarting
-                # position_ids only for a batch of one row, and would attend across samples otherwise.
-                mla_mask = None
-                max_length = int(cu_seqlens.diff().max())
-                layer_kwargs.update(
-                    cu_seq_lens_q=cu_seqlens,
-                    cu_seq_lens_k=cu_seqlens,
-                    max_length_q=max_length,
-                    max_length_k=max_length,
-                )
-            elif attention_mask is not None and attention_mask.dim() == 4:
-                mla_mask = attention_mask
-            else:
-                mla_mask = block_causal_mask(segment_ids)
-        else:
-            if attention_mask is not None and attention_mask.dim() == 2 and bool((attention_mask == 0).any()):
-                padding_mask = attention_mask[:, -length:]
-            mla_mask = create_causal_mask(
-                config=self.config,
-                inputs_embeds=inputs_embeds,
-                attention_mask=attention_mask,
-                past_key_values=past_key_values,
-                position_ids=position_ids,
-            )
+        segment_ids, sp_context = self._sample_borders(attention_mask, position_ids, past_key_values)
+        if past_key_values is None and segment_ids is None and self._wants_cache(use_cache):
+            past_key_values = ZebraHybridCache(self.config)
+        mixer_inputs = self._mixer_inputs(
+            inputs_embeds, attention_mask, position_ids, past_key_values, segment_ids, sp_context
+        )
 
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
         for layer in self.layers:
             hidden_states = layer(
                 hidden_states,
-                attention_mask=mla_mask,
                 position_embeddings=position_embeddings,
-                cu_seqlens=cu_seqlens,
-                padding_mask=padding_mask,
                 past_key_values=past_key_values,
-                **layer_kwargs,
+                **{**kwargs, **mixer_inputs},
             )
         hidden_states = self.norm(hidden_states)
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, past_key_values=past_key_values)
+
+    def _embed(self, input_ids: torch.LongTensor | None, inputs_embeds: torch.FloatTensor | None) -> torch.Tensor:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids or inputs_embeds")
+        return self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+
+    def _check_cache_and_sequence_parallel(
+        self, past_key_values: Cache | None, position_ids: torch.Tensor | None
+    ) -> None:
+        if past_key_values is not None and not isinstance(past_key_values, ZebraHybridCache):
+            raise TypeError(
+                f"Zebra models need a ZebraHybridCache (MLA latents + GDN states), got {type(past_key_values).__name__}"
+            )
+        if self.sequence_parallel is not None and (past_key_values is not None or position_ids is None):
+            raise ValueError(
+                "with sequence parallelism the model needs the shard's position_ids "
+                "(llamafactory_zebra.parallel.shard_batch) and cannot decode with a cache"
+            )
+
+    def _wants_cache(self, use_cache: bool | None) -> bool:
+        """A new cache for an unpacked, single-process forward that asked for one (inference by default)."""
+        if self.sequence_parallel is not None:
+            return False
+        return use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+
+    def _sample_borders(
+        self, attention_mask: torch.Tensor | None, position_ids: torch.Tensor, past_key_values: Cache | None
+    ) -> tuple[torch.Tensor | None, SequenceParallelContext | None]:
+        """``[B, T]`` sample ids when rows are packed (else ``None``), and the sequence-parallel context."""
+        if past_key_values is not None:
+            # Decoding: rows are single (possibly left-padded) sequences, whose generate()-made
+            # position_ids restart at the padding and must not be read as packing.
+            if attention_mask is not None and attention_mask.dim() == 2 and bool((attention_mask > 1).any()):
+                raise ValueError("Packed sequences (segment ids in attention_mask) cannot be used with a decode cache")
+            return None, None
+        if self.sequence_parallel is not None:
+            whole_rows = gather_row_segment_ids(self.sequence_parallel, position_ids, attention_mask)
+            context = build_sequence_parallel_context(self.sequence_parallel, whole_rows)
+            return context.local_segment_ids, context
+        return packed_segment_ids(attention_mask, position_ids), None
+
+    def _mixer_inputs(
+        self,
+        inputs_embeds: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        past_key_values: Cache | None,
+        segment_ids: torch.Tensor | None,
+        sp_context: SequenceParallelContext | None,
+    ) -> dict[str, Any]:
+        """The per-mixer inputs every layer gets, built once per forward (as ``Qwen3NextModel`` builds its
+        causal and linear-attention masks):
+
+        - GDN: ``cu_seqlens`` (packed rows; see ``packing.py``) and ``padding_mask`` (1 = token);
+        - MLA: ``attention_mask`` (causal, block-causal, the caller's 4-D mask, or ``None``) and, for
+          FlashAttention on packed rows, the ``cu_seqlens`` of its varlen path (``cu_seq_lens_q/k``);
+        - both, under sequence parallelism: ``sp_context``, whose mixers exchange what crosses shards.
+        """
+        if segment_ids is None:
+            padding_mask = None
+            if attention_mask is not None and attention_mask.dim() == 2 and bool((attention_mask == 0).any()):
+                padding_mask = attention_mask[:, -inputs_embeds.shape[1] :]
+            causal_mask = create_causal_mask(
+                config=self.config,
+                inputs_embeds=inputs_embeds,
+                attention_mask=attention_mask,
+                past_key_values=past_key_values,
+                position_ids=position_ids,
+            )
+            return {"attention_mask": causal_mask, "cu_seqlens": None, "padding_mask": padding_mask}
+        inputs = {"attention_mask": None, "padding_mask": (segment_ids != 0).to(inputs_embeds.dtype)}
+        if sp_context is not None:
+            inputs.update(cu_seqlens=sp_context.cu_seqlens, sp_context=sp_context)
+            return inputs
+        cu_seqlens = inputs["cu_seqlens"] = cu_seqlens_from_segment_ids(segment_ids)
+        if self.config._attn_implementation in ("flash_attention_2", "flash_attention_3"):
+            # The borders themselves, over all B * T tokens: transformers reads packing from restarting
+            # position_ids only for a batch of one row, and would attend across samples otherwise.
+            max_length = int(cu_seqlens.diff().max())
+            inputs.update(
+                cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_length, max_length_k=max_length
+            )
+        elif attention_mask is not None and attention_mask.dim() == 4:
+            inputs["attention_mask"] = attention_mask
+        else:
+            inputs["attention_mask"] = block_causal_mask(segment_ids)
+        return inputs
 
 
 class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):

@@ -11,7 +11,8 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import apply_rotary_po
 from zebra_helpers import tiny_config, tiny_model
 
 from llamafactory_zebra.layers.mla import ZebraMLA, apply_rotary, interleaved_to_half_split
-from llamafactory_zebra.modeling_zebra import ZebraHybridCache, ZebraRotaryEmbedding, block_causal_mask
+from llamafactory_zebra.modeling_zebra import ZebraHybridCache, ZebraRotaryEmbedding
+from llamafactory_zebra.packing import block_causal_mask
 
 NORMS = ("qk_head", "lora", "none")
 VARIANTS = [(interleave, norm) for interleave in (True, False) for norm in NORMS]

@@ -12,12 +12,13 @@ from llamafactory_zebra.integration.sequence_parallel import (
     pop_sequence_parallel_size,
 )
 from llamafactory_zebra.parallel import (
-    SequenceParallelContext,
     SequenceParallelLayout,
+    build_sequence_parallel_context,
     enable_sequence_parallel,
     shard_batch,
 )
 from llamafactory_zebra.parallel.attention import ulysses_attention
+from llamafactory_zebra.parallel.gdn import halo_mask
 
 
 def layout(rank: int, size: int) -> SequenceParallelLayout:
@@ -140,22 +141,22 @@ def test_shards_concatenate_to_the_padded_rows_with_labels_shifted_before_cuttin
 def test_context_finds_samples_that_cross_shard_borders():
     # One row of 12 tokens on 3 ranks (4 each): samples [0, 3) [3, 9) [9, 10) then padding [10, 12).
     segments = torch.tensor([[1, 1, 1, 2, 2, 2, 2, 2, 2, 3, 0, 0]])
-    middle = SequenceParallelContext(layout(1, 3), segments)
+    middle = build_sequence_parallel_context(layout(1, 3), segments)
     assert middle.cu_seqlens.tolist() == [0, 4]
     assert middle.continues.tolist() == [True]
     assert middle.continued_tokens.tolist() == [[True, True, True, True]]
     # The 3 tokens before rank 1 are positions 1, 2 (sample 1) and 3 (sample 2): only 3 is its halo.
-    assert middle.halo_mask(3).tolist() == [[False, False, True]]
-    last = SequenceParallelContext(layout(2, 3), segments)
+    assert halo_mask(middle, 3).tolist() == [[False, False, True]]
+    last = build_sequence_parallel_context(layout(2, 3), segments)
     assert last.cu_seqlens.tolist() == [0, 1, 2, 4]
     assert last.continued_tokens.tolist() == [[True, False, False, False]]
-    assert last.row_first_and_last_run[0].tolist() == [0] and last.row_first_and_last_run[1].tolist() == [2]
-    first = SequenceParallelContext(layout(0, 3), segments)
-    assert first.continues.tolist() == [False] and not first.halo_mask(3).any()
+    assert last.first_run.tolist() == [0] and last.last_run.tolist() == [2]
+    first = build_sequence_parallel_context(layout(0, 3), segments)
+    assert first.continues.tolist() == [False] and not halo_mask(first, 3).any()
 
 
 def test_attention_without_a_way_to_separate_samples_is_refused():
-    context = SequenceParallelContext(layout(0, 2), torch.ones(1, 4, dtype=torch.long))
+    context = build_sequence_parallel_context(layout(0, 2), torch.ones(1, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="flex_attention.*cannot keep packed samples apart"):
         ulysses_attention(context, lambda *a, **k: None, "flex_attention")
     attend = ulysses_attention(context, lambda *a, **k: None, "sdpa")

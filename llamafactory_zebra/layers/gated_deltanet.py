@@ -11,6 +11,7 @@ the decode cache to it, so a sequence-parallel caller can swap the op without to
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -19,6 +20,7 @@ from torch import nn
 
 from ..configuration_zebra import ZebraConfig
 from ..ops import causal_conv1d, causal_conv1d_update, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from ..parallel.gdn import chunk_gated_delta_rule_sp, conv_halo_states
 from .norms import ZebraGatedRMSNorm
 
 # fla's defaults for the decay parametrisation: dt ~ logUniform(dt_min, dt_max), floored, A ~ U(0, 16).
@@ -118,7 +120,7 @@ class ZebraGatedDeltaNet(nn.Module):
         convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
         conv_states = cache.conv_states_qkv if cache is not None else (None, None, None)
         if sp_context is not None:
-            conv_states = sp_context.conv_initial_states(mixed, self.q_conv1d.kernel_size[0])
+            conv_states = conv_halo_states(sp_context, mixed, self.q_conv1d.kernel_size[0])
         outputs, new_conv_states = [], []
         for conv, x, state in zip(convs, mixed, conv_states, strict=True):
             y, new_state = conv(
@@ -140,7 +142,7 @@ class ZebraGatedDeltaNet(nn.Module):
 
         rule = fused_recurrent_gated_delta_rule if decoding and length == 1 else chunk_gated_delta_rule
         if sp_context is not None:
-            rule = sp_context.chunk_gated_delta_rule
+            rule = functools.partial(chunk_gated_delta_rule_sp, sp_context)
         output, recurrent_state = rule(
             q,
             k,

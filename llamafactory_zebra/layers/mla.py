@@ -51,6 +51,7 @@ from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..configuration_zebra import MLA_NORM_LORA, MLA_NORM_QK_HEAD, ZebraConfig
+from ..parallel.attention import ulysses_attention
 from .flash_attention import FLASH_ATTENTION_BACKENDS, flash_attention_forward
 from .norms import ZebraRMSNorm
 
@@ -278,7 +279,7 @@ class ZebraMLA(nn.Module):
         elif self.config._attn_implementation not in (None, "eager"):
             attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
         if sp_context is not None:
-            attention_interface = sp_context.attention(attention_interface, self.config._attn_implementation)
+            attention_interface = ulysses_attention(sp_context, attention_interface, self.config._attn_implementation)
         output, _ = attention_interface(
             self,
             query,

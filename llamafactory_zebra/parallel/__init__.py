@@ -1,14 +1,14 @@
 """Sequence parallelism for Zebra: one row spread over ``sp`` ranks, computed exactly as on one rank.
 
 - ``layout``: the ``dp x sp`` process groups (DeepSpeed's ``parallel_state_sp`` when DeepSpeed runs).
-- ``context``: per-forward sample borders of whole rows, handed to the mixers.
+- ``context``: per-forward sample borders of whole rows (plain data), handed to the mixers.
 - ``gdn``: convolution halo and affine state summaries for Gated DeltaNet.
 - ``attention``: Ulysses all-to-all around transformers' attention functions for MLA.
 - ``sharding``: shift labels, pad, cut rows; the loss normalisation across the group.
 - ``collectives``: differentiable collectives that work on gloo subgroups.
 """
 
-from .context import SequenceParallelContext
+from .context import SequenceParallelContext, build_sequence_parallel_context, gather_row_segment_ids
 from .layout import SequenceParallelLayout, check_sequence_parallel_size, layout_from_deepspeed, new_layout
 from .model import enable_sequence_parallel
 from .sharding import pad_rows_for_sequence_parallel, shard_batch
@@ -16,8 +16,10 @@ from .sharding import pad_rows_for_sequence_parallel, shard_batch
 __all__ = [
     "SequenceParallelContext",
     "SequenceParallelLayout",
+    "build_sequence_parallel_context",
     "check_sequence_parallel_size",
     "enable_sequence_parallel",
+    "gather_row_segment_ids",
     "layout_from_deepspeed",
     "new_layout",
     "pad_rows_for_sequence_parallel",

@@ -20,9 +20,9 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 
+from ..packing import block_causal_mask, positions_within_segments
 from .collectives import all_to_all
 
 if TYPE_CHECKING:
@@ -42,19 +42,6 @@ class _HeadSliceView:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._wrapped, name)
-
-
-def _segment_positions(runs: torch.Tensor) -> torch.Tensor:
-    index = torch.arange(runs.shape[-1], device=runs.device).expand_as(runs)
-    starts = torch.ones_like(runs, dtype=torch.bool)
-    starts[:, 1:] = runs[:, 1:] != runs[:, :-1]
-    return index - torch.where(starts, index, torch.zeros_like(index)).cummax(-1).values
-
-
-def _block_causal(runs: torch.Tensor) -> torch.Tensor:
-    length = runs.shape[-1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=runs.device).tril()
-    return ((runs[:, :, None] == runs[:, None, :]) & causal)[:, None]
 
 
 def ulysses_attention(
@@ -77,12 +64,12 @@ def ulysses_attention(
         query, key, value = (all_to_all(x, scatter_dim=1, gather_dim=2, group=group) for x in (query, key, value))
         view = _HeadSliceView(module, query.shape[1] // key.shape[1])
         if attn_implementation in FLASH_BACKENDS:
-            kwargs["position_ids"] = _segment_positions(context.global_runs)
+            kwargs["position_ids"] = positions_within_segments(context.global_runs)
             mask = None
         elif attn_implementation == "sdpa" and bool((context.global_runs == 1).all()):
             mask = None
         else:
-            mask = _block_causal(context.global_runs)
+            mask = block_causal_mask(context.global_runs)
         output, _ = core_attention(view, query, key, value, mask, **kwargs)  # [B, T, heads / sp, D]
         return all_to_all(output, scatter_dim=1, gather_dim=2, group=group), None
 

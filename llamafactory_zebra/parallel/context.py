@@ -1,134 +1,98 @@
 """What one forward pass of a sequence-parallel rank knows about the whole rows it holds a shard of.
 
-The model builds one :class:`SequenceParallelContext` per forward (one small all-gather of the
-position ids / segment-id mask) and hands it to every mixer. A mixer keeps its own math and asks the
-context for the cross-rank pieces: the convolution halo, the GDN state entering the shard, the
-Ulysses attention wrapper. Every rank holds an equal, contiguous slice ``[offset, offset + T_local)``
-of each of the ``B`` rows.
+The model builds one :class:`SequenceParallelContext` per forward with
+:func:`build_sequence_parallel_context` (one small all-gather of the position ids / 2-D mask) and hands
+it to every mixer. The context is plain data, as fla's ``FLACPContext`` (``fla/ops/cp/context.py``);
+the cross-rank pieces are functions of it: the convolution halo and the GDN state entering the shard
+(``gdn.py``), the Ulysses attention wrapper (``attention.py``). Every rank holds an equal, contiguous
+slice ``[offset, offset + T_local)`` of each of the ``B`` rows.
 
-Sample borders are "runs": maximal stretches of one segment id in a row (padding runs included), the
-same borders the single-process model derives, so SP and one process isolate exactly the same tokens.
+Sample borders are "runs" (``packing.run_ids``): maximal stretches of one segment id in a row, padding
+runs included. The segment ids come from ``packing.row_segment_ids`` applied to whole rows, the rule
+the single-process model applies, so SP and one process isolate exactly the same tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 
-from ..ops import cu_seqlens_from_segment_ids
-from .attention import ulysses_attention
+from ..packing import cu_seqlens_from_segment_ids, row_segment_ids, run_ids
 from .collectives import gather_sequence
-from .gdn import chunk_gated_delta_rule_sp, conv_halo_states
 from .layout import SequenceParallelLayout
 
 
-def run_ids(segment_ids: torch.Tensor) -> torch.Tensor:
-    """``[B, T]`` ids 1, 2, 3… that change wherever ``segment_ids`` changes along the row."""
-    starts = torch.ones_like(segment_ids, dtype=torch.long)
-    starts[:, 1:] = (segment_ids[:, 1:] != segment_ids[:, :-1]).long()
-    return starts.cumsum(-1)
-
-
-@dataclass
+@dataclass(frozen=True)
 class SequenceParallelContext:
     layout: SequenceParallelLayout
-    global_segment_ids: torch.Tensor  # [B, T] over whole rows: 0 = padding, else one id per sample
+    shard: slice  # this rank's positions in a whole row
+    offset: int  # shard.start
+    batch: int
+    local_length: int
+    global_runs: torch.Tensor  # [B, T] run ids over whole rows
+    local_segment_ids: torch.Tensor  # [B, T_local]: 0 = padding, else one id per sample
+    cu_seqlens: torch.Tensor  # borders of the local runs over the flattened B * T_local tokens
+    continues: torch.Tensor  # [B] bool: the row's first local token continues the previous rank's sample
+    continued_tokens: torch.Tensor  # [B, T_local] bool: tokens of a sample that began on an earlier rank
+    first_run: torch.Tensor  # [B]: index (into the local cu_seqlens runs) of each row's first run
+    last_run: torch.Tensor  # [B]: ... and of its last run
 
-    def __post_init__(self) -> None:
-        batch, length = self.global_segment_ids.shape
-        self.batch = batch
-        self.shard = self.layout.shard(length)
-        self.local_length = length // self.layout.size
-        self.offset = self.shard.start
-        self.global_runs = run_ids(self.global_segment_ids)
 
-    @classmethod
-    def from_local_inputs(
-        cls,
-        layout: SequenceParallelLayout,
-        position_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        segment_rule: Callable[[torch.Tensor | None, torch.Tensor], torch.Tensor | None],
-    ) -> SequenceParallelContext:
-        """Gather this batch's position ids (and 2-D mask) over the SP group and apply the model's own
-        ``segment_rule`` (``packed_segment_ids``) to whole rows, so a shard that starts mid-sample is not
-        mistaken for a new sample. ``None`` from the rule (nothing packed) means one sample per row."""
-        if attention_mask is not None and attention_mask.dim() != 2:
-            raise ValueError(
-                "sequence parallelism takes a 2-D attention_mask (0/1 or neat-packing segment ids), got "
-                f"{attention_mask.dim()}-D; Zebra builds block-diagonal masks itself"
-            )
-        full_positions = gather_sequence(position_ids.long(), layout.group)
-        full_mask = None if attention_mask is None else gather_sequence(attention_mask.long(), layout.group)
-        segments = segment_rule(full_mask, full_positions)
-        if segments is None:
-            segments = torch.ones_like(full_positions) if full_mask is None else (full_mask != 0).long()
-        return cls(layout=layout, global_segment_ids=segments)
+def gather_row_segment_ids(
+    layout: SequenceParallelLayout, position_ids: torch.Tensor, attention_mask: torch.Tensor | None
+) -> torch.Tensor:
+    """``[B, T]`` segment ids of the whole rows, from every rank's shard of ``position_ids`` (and 2-D mask).
 
-    @cached_property
-    def local_segment_ids(self) -> torch.Tensor:
-        return self.global_segment_ids[:, self.shard]
-
-    @cached_property
-    def local_runs(self) -> torch.Tensor:
-        return self.global_runs[:, self.shard]
-
-    @cached_property
-    def cu_seqlens(self) -> torch.Tensor:
-        """Borders of the local runs over the flattened ``B * T_local`` tokens (a new run at each row start)."""
-        return cu_seqlens_from_segment_ids(self.local_runs)
-
-    @cached_property
-    def continues(self) -> torch.Tensor:
-        """``[B]`` bool: the row's first local token belongs to the same sample as the previous rank's last."""
-        if self.offset == 0:
-            return torch.zeros(self.batch, dtype=torch.bool, device=self.global_runs.device)
-        return self.global_runs[:, self.offset - 1] == self.global_runs[:, self.offset]
-
-    @cached_property
-    def continued_tokens(self) -> torch.Tensor:
-        """``[B, T_local]`` bool: tokens of a sample that began on an earlier rank (the row's first local run)."""
-        return self.continues[:, None] & (self.local_runs == self.local_runs[:, :1])
-
-    @cached_property
-    def row_first_and_last_run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Index (into the local ``cu_seqlens`` runs) of each row's first and last run."""
-        starts = self.cu_seqlens[:-1].long()
-        row_starts = torch.arange(self.batch, device=starts.device) * self.local_length
-        first = torch.searchsorted(starts, row_starts)
-        last = torch.searchsorted(starts, row_starts + self.local_length) - 1
-        return first, last
-
-    def halo_mask(self, width: int) -> torch.Tensor:
-        """``[B, width]``: which of the ``width`` tokens before this shard belong to the sample it continues."""
-        positions = torch.arange(self.offset - width, self.offset, device=self.global_runs.device)
-        inside = positions >= 0
-        runs = self.global_runs[:, positions.clamp(min=0)]
-        same = runs == self.global_runs[:, self.offset : self.offset + 1]
-        return same & inside & self.continues[:, None]
-
-    def conv_initial_states(self, features: tuple[torch.Tensor, ...], width: int) -> tuple[torch.Tensor, ...]:
-        """``initial_state`` for ``ops.causal_conv1d`` of each flattened ``[1, B * T_local, D]`` feature."""
-        return conv_halo_states(self, features, width)
-
-    def chunk_gated_delta_rule(self, q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, **kw):
-        """Drop-in for ``ops.chunk_gated_delta_rule`` on this rank's shard (see ``gdn.py``)."""
-        return chunk_gated_delta_rule_sp(
-            self,
-            q,
-            k,
-            v,
-            g,
-            beta,
-            scale=scale,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            **kw,
+    Whole rows, so a shard that starts mid-sample is not mistaken for a new sample.
+    """
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise ValueError(
+            "sequence parallelism takes a 2-D attention_mask (0/1 or neat-packing segment ids), got "
+            f"{attention_mask.dim()}-D; Zebra builds block-diagonal masks itself"
         )
+    full_positions = gather_sequence(position_ids.long(), layout.group)
+    full_mask = None if attention_mask is None else gather_sequence(attention_mask.long(), layout.group)
+    return row_segment_ids(full_mask, full_positions)
 
-    def attention(self, core_attention, attn_implementation: str | None):
-        """Wrap a transformers attention function so it runs over whole rows for a slice of the heads."""
-        return ulysses_attention(self, core_attention, attn_implementation)
+
+def build_sequence_parallel_context(
+    layout: SequenceParallelLayout, segment_ids: torch.Tensor
+) -> SequenceParallelContext:
+    """The context of this rank's shard, from the ``[B, T]`` segment ids of the whole rows (every field).
+
+    >>> from llamafactory_zebra.parallel import SequenceParallelLayout
+    >>> rank1_of_2 = SequenceParallelLayout(group=None, rank=1, size=2, dp_rank=0, dp_size=1)
+    >>> context = build_sequence_parallel_context(rank1_of_2, torch.tensor([[1, 1, 1, 1, 2, 2, 0, 0]]))
+    >>> context.local_segment_ids.tolist(), context.cu_seqlens.tolist(), context.continues.tolist()
+    ([[2, 2, 0, 0]], [0, 2, 4], [False])
+    >>> context = build_sequence_parallel_context(rank1_of_2, torch.tensor([[1, 1, 1, 1, 1, 2, 2, 0]]))
+    >>> context.cu_seqlens.tolist(), context.continues.tolist(), context.continued_tokens.tolist()
+    ([0, 1, 3, 4], [True], [[True, False, False, False]])
+    """
+    batch, length = segment_ids.shape
+    shard = layout.shard(length)
+    local_length = length // layout.size
+    global_runs = run_ids(segment_ids)
+    local_runs = global_runs[:, shard]
+    cu_seqlens = cu_seqlens_from_segment_ids(local_runs)
+    if shard.start == 0:
+        continues = torch.zeros(batch, dtype=torch.bool, device=segment_ids.device)
+    else:
+        continues = global_runs[:, shard.start - 1] == global_runs[:, shard.start]
+    run_starts = cu_seqlens[:-1].long()
+    row_starts = torch.arange(batch, device=run_starts.device) * local_length
+    return SequenceParallelContext(
+        layout=layout,
+        shard=shard,
+        offset=shard.start,
+        batch=batch,
+        local_length=local_length,
+        global_runs=global_runs,
+        local_segment_ids=segment_ids[:, shard],
+        cu_seqlens=cu_seqlens,
+        continues=continues,
+        continued_tokens=continues[:, None] & (local_runs == local_runs[:, :1]),
+        first_run=torch.searchsorted(run_starts, row_starts),
+        last_run=torch.searchsorted(run_starts, row_starts + local_length) - 1,
+    )

@@ -33,6 +33,14 @@ if TYPE_CHECKING:
     from .context import SequenceParallelContext
 
 
+def halo_mask(context: SequenceParallelContext, width: int) -> torch.Tensor:
+    """``[B, width]``: which of the ``width`` tokens before this shard belong to the sample it continues."""
+    positions = torch.arange(context.offset - width, context.offset, device=context.global_runs.device)
+    runs = context.global_runs[:, positions.clamp(min=0)]
+    same = runs == context.global_runs[:, context.offset : context.offset + 1]
+    return same & (positions >= 0) & context.continues[:, None]
+
+
 def conv_halo_states(
     context: SequenceParallelContext, features: tuple[torch.Tensor, ...], width: int
 ) -> tuple[torch.Tensor, ...]:
@@ -52,12 +60,11 @@ def conv_halo_states(
     before = gathered.permute(1, 0, 2, 3).reshape(batch, -1, rows.shape[-1])
     before = torch.cat([before.new_zeros(batch, halo, rows.shape[-1]), before], dim=1)
     start = context.layout.rank * tail
-    window = before[:, start : start + halo] * context.halo_mask(halo)[..., None].to(rows.dtype)
+    window = before[:, start : start + halo] * halo_mask(context, halo)[..., None].to(rows.dtype)
 
-    first_run, _ = context.row_first_and_last_run
     num_runs = context.cu_seqlens.numel() - 1
     row_state = torch.cat([window.new_zeros(batch, 1, rows.shape[-1]), window], dim=1).transpose(1, 2)
-    states = rows.new_zeros(num_runs, rows.shape[-1], width).index_put((first_run,), row_state)
+    states = rows.new_zeros(num_runs, rows.shape[-1], width).index_put((context.first_run,), row_state)
     return tuple(states.split(sizes, dim=1))
 
 
@@ -107,9 +114,8 @@ def chunk_gated_delta_rule_sp(
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
     )
 
-    first_run, last_run = context.row_first_and_last_run
-    passes_state = (context.continues & (first_run == last_run)).to(final.dtype)
-    summary = final[last_run]  # [B, H, K, V + K]
+    passes_state = (context.continues & (context.first_run == context.last_run)).to(final.dtype)
+    summary = final[context.last_run]  # [B, H, K, V + K]
     summary = torch.cat([summary[..., :value_dim], summary[..., value_dim:] * passes_state[:, None, None, None]], -1)
     summaries = all_gather(summary, context.layout.group)  # [sp, B, H, K, V + K]
 

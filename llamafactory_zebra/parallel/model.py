@@ -8,15 +8,15 @@ from .layout import SequenceParallelLayout
 
 
 def enable_sequence_parallel(model: nn.Module, layout: SequenceParallelLayout | None) -> int:
-    """Give every ``ZebraModel`` inside ``model`` the layout (``None`` turns SP off); returns how many.
+    """Give every module inside ``model`` that declares ``supports_sequence_parallel`` (``ZebraModel``) the
+    layout (``None`` turns SP off); returns how many.
 
-    From then on each forward takes one shard of every row (see ``sharding.shard_batch``).
+    From then on each forward takes one shard of every row (see ``sharding.shard_batch``). The flag keeps
+    this package free of model imports: the model imports ``parallel``, not the other way round.
     """
-    from ..modeling_zebra import ZebraModel
-
     found = 0
     for module in model.modules():
-        if isinstance(module, ZebraModel):
+        if getattr(type(module), "supports_sequence_parallel", False):
             module.sequence_parallel = layout
             found += 1
     if not found:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from llamafactory_zebra.modeling_zebra import ZebraRotaryEmbedding, block_causal_mask
-from llamafactory_zebra.ops import cu_seqlens_from_segment_ids
-from llamafactory_zebra.parallel import SequenceParallelContext, new_layout
+from llamafactory_zebra.modeling_zebra import ZebraRotaryEmbedding
+from llamafactory_zebra.packing import block_causal_mask, cu_seqlens_from_segment_ids
+from llamafactory_zebra.parallel import build_sequence_parallel_context, new_layout
 
 from .harness import packed_segments
 
@@ -45,7 +45,7 @@ def _gdn_errors(layer, layout, segments: torch.Tensor) -> dict[str, float]:
     ref_grads = {name: p.grad.clone() for name, p in layer.named_parameters()}
     layer.zero_grad()
 
-    context = SequenceParallelContext(layout, segments)
+    context = build_sequence_parallel_context(layout, segments)
     shard = context.shard
     x = hidden[:, shard].clone().requires_grad_()
     out = layer(x, cu_seqlens=context.cu_seqlens, padding_mask=padding[:, shard], sp_context=context)
@@ -76,7 +76,7 @@ def _mla_errors(layer, config, layout, segments: torch.Tensor) -> dict[str, floa
     ref_grads = {name: p.grad.clone() for name, p in layer.named_parameters()}
     layer.zero_grad()
 
-    context = SequenceParallelContext(layout, segments)
+    context = build_sequence_parallel_context(layout, segments)
     shard = context.shard
     x = hidden[:, shard].clone().requires_grad_()
     out = layer(x, position_embeddings=(cos[:, shard], sin[:, shard]), sp_context=context)

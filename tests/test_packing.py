@@ -1,15 +1,27 @@
-"""cu_seqlens from LLaMA-Factory's packing (position_ids) and neat_packing (segment-id masks)."""
+"""Packed-sample borders from LLaMA-Factory's packing (position_ids) and neat_packing (segment-id masks)."""
+
+import doctest
 
 import pytest
 import torch
 
-from llamafactory_zebra.ops import (
-    chunk_gated_delta_rule,
+from llamafactory_zebra import packing
+from llamafactory_zebra.ops import chunk_gated_delta_rule
+from llamafactory_zebra.packing import (
     cu_seqlens_from_position_ids,
     cu_seqlens_from_segment_ids,
-    is_packed,
+    packed_segment_ids,
     sample_starts_from_position_ids,
 )
+from llamafactory_zebra.parallel import context as sp_context
+
+
+@pytest.mark.parametrize("module", [packing, sp_context], ids=lambda m: m.__name__)
+def test_worked_examples_in_the_docstrings_hold(module):
+    """Every packing helper documents an input -> output example; they are run here."""
+    results = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert results.attempted >= (18 if module is packing else 5)
+    assert results.failed == 0
 
 
 def test_position_ids_restarts_and_rows_are_borders():
@@ -19,12 +31,12 @@ def test_position_ids_restarts_and_rows_are_borders():
     cu = cu_seqlens_from_position_ids(position_ids)
     assert cu.dtype == torch.int32
     assert cu.tolist() == [0, 3, 5, 6, 7, 11, 14]
-    assert is_packed(position_ids)
+    assert packed_segment_ids(None, position_ids) is not None
 
 
 def test_position_ids_one_dimensional_and_shard_starting_mid_sample():
     assert cu_seqlens_from_position_ids(torch.tensor([0, 1, 2, 3])).tolist() == [0, 4]
-    assert not is_packed(torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]]))
+    assert packed_segment_ids(None, torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]])) is None
     # A sequence-parallel shard that starts inside a sample, then a new sample starts.
     assert cu_seqlens_from_position_ids(torch.tensor([[4096, 4097, 4098, 0, 1]])).tolist() == [0, 3, 5]
     assert sample_starts_from_position_ids(torch.tensor([[7, 8, 0]])).tolist() == [[True, False, True]]
@@ -61,7 +73,7 @@ def test_packed_gdn_equals_each_sample_alone():
         (cu_seqlens_from_position_ids, torch.tensor([[0.0, 1.0]]), "must hold integers"),
         (cu_seqlens_from_position_ids, torch.zeros(2, 3, 4, dtype=torch.long), r"shape \[B, T\]"),
         (cu_seqlens_from_position_ids, torch.zeros(2, 0, dtype=torch.long), "T > 0"),
-        (is_packed, [0, 1, 2], "must be a torch.Tensor"),
+        (sample_starts_from_position_ids, [0, 1, 2], "must be a torch.Tensor"),
         (cu_seqlens_from_segment_ids, torch.tensor([[1, 1, -1]]), r"-1 at \[0, 2\]"),
     ],
 )
