@@ -2,7 +2,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from llamafactory_zebra.integration.sequence_parallel import check_tiled_mlp_setup, pop_tiled_mlp
+from llamafactory_zebra.integration.tiled_mlp import check_tiled_mlp_setup, pop_tiled_mlp
 
 
 def test_tiled_mlp_key_leaves_the_arguments_llamafactory_parses():

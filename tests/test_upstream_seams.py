@@ -1,8 +1,10 @@
 """Fails loudly when a LLaMA-Factory upgrade moves any name the plugin wraps or relies on."""
 
 import dataclasses
+import functools
 import importlib
-from types import SimpleNamespace
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
 
 import pytest
 from llamafactory_zebra_hook import WATCHED_MODULES
@@ -118,3 +120,68 @@ def test_llamafactory_loader_reads_a_released_layout_directory(tmp_path):
     config = load_config(ModelArguments(model_name_or_path=str(tmp_path)))
     assert config.model_type == "zebra"
     assert config.layer_types == ["gdn", "mla", "gdn", "gdn"]
+
+
+def _fake_loader():
+    """A stand-in for ``llamafactory.model.loader`` (a declared seam module) with its own ``load_config``."""
+    module = ModuleType("llamafactory.model.loader")
+
+    def load_config(model_args):
+        return "upstream"
+
+    module.load_config = load_config
+    return module, load_config
+
+
+def _wrapper_of(original):
+    @functools.wraps(original)
+    def zebra_load_config(model_args):
+        return "zebra"
+
+    return zebra_load_config
+
+
+def test_wrap_marks_the_original_and_refuses_a_second_wrap():
+    module, original = _fake_loader()
+    seams.wrap(module, "load_config", _wrapper_of(original))
+    assert module.load_config(None) == "zebra" and seams.is_wrapped(module, "load_config")
+    assert getattr(module.load_config, seams.ORIGINAL) is original
+    with pytest.raises(seams.AlreadyWrapped, match="llamafactory.model.loader.load_config is already wrapped"):
+        seams.wrap(module, "load_config", _wrapper_of(module.load_config))
+    seams.unwrap(module, "load_config")
+    assert module.load_config is original and not seams.is_wrapped(module, "load_config")
+
+
+def test_wrap_refuses_undeclared_names_and_wrappers_of_something_else():
+    module, original = _fake_loader()
+    module.not_a_seam = original
+    with pytest.raises(KeyError, match="not declared in UPSTREAM_SEAMS"):
+        seams.wrap(module, "not_a_seam", _wrapper_of(original))
+    with pytest.raises(ValueError, match="functools.wraps around its current value"):
+        seams.wrap(module, "load_config", lambda model_args: None)
+    assert module.load_config is original
+
+
+def test_installed_wrappers_went_through_the_door():
+    """Every name the hook wraps at import carries wrap()'s mark (none was assigned around it)."""
+    wrapped_at_import = [
+        ("llamafactory.model.loader", "load_config"),
+        ("llamafactory.model.loader", "apply_liger_kernel"),
+        ("llamafactory.model.loader", "patch_model"),
+        ("llamafactory.model.patcher", "configure_rope"),
+        ("llamafactory.hparams.parser", "get_train_args"),
+        ("llamafactory.data.converter", "get_dataset_converter"),
+        ("llamafactory.data.parser", "get_dataset_list"),
+        ("llamafactory.webui.common", "load_dataset_info"),
+    ]
+    for module_name, attribute in wrapped_at_import:
+        assert seams.is_wrapped(importlib.import_module(module_name), attribute), f"{module_name}.{attribute}"
+
+
+def test_the_docs_seam_table_lists_exactly_the_declared_seams():
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "llamafactory.md").read_text(encoding="utf-8")
+    section = docs.split("## What changes, and where", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    documented = [line.split("`")[1] for line in rows]
+    declared = [f"{module}.{attribute}" for module, attribute, _ in seams.UPSTREAM_SEAMS]
+    assert sorted(documented) == sorted(declared)

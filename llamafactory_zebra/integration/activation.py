@@ -8,14 +8,13 @@ the API server — ends up with the same registrations.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from types import ModuleType
 
 from llamafactory_zebra_hook import DISABLE_ENV
 
 from .. import __version__
-from . import datasets, distill, seams, sequence_parallel, webui
+from . import datasets, seams, training, webui
 
 _announced = False
 
@@ -28,10 +27,7 @@ HANDLERS: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
     "llamafactory.data.loader": (datasets.on_loader_module_loaded,),
     "llamafactory.model.loader": (seams.patch_loader,),
     "llamafactory.model.patcher": (seams.patch_rope,),
-    # Order matters: the SP wrapper goes on first (innermost), so the key leaves the arguments before
-    # LLaMA-Factory parses them and the Zebra checks around it already see sequence_parallel_size; the
-    # distillation wrapper around it sees SP / tiled-MLP settings it cannot be combined with.
-    "llamafactory.hparams.parser": (sequence_parallel.patch_parser, distill.patch_parser, seams.patch_train_args),
+    "llamafactory.hparams.parser": (training.on_parser_loaded,),
     "llamafactory.webui.common": (datasets.on_webui_common_loaded,),
     "llamafactory.webui.interface": (webui.on_interface_loaded,),
     "llamafactory.webui.engine": (webui.on_engine_loaded,),
@@ -61,11 +57,3 @@ def on_module_loaded(name: str, module: ModuleType) -> None:
         handler(module)
     if name == "llamafactory.model.loader":
         _announce()
-
-
-def activate_already_imported() -> None:
-    """For a process that imported LLaMA-Factory before the hook was installed (notebooks)."""
-    for name in HANDLERS:
-        module = sys.modules.get(name)
-        if module is not None:
-            on_module_loaded(name, module)

@@ -29,10 +29,9 @@ from typing import Any
 
 from ..data.registry import merge_dataset_info, registry_dataset_info
 from ..data.row_policy import SKIP_ATTRIBUTE, SKIP_KEY
-from .seams import UpstreamSeamChanged, upstream
+from .seams import UpstreamSeamChanged, is_wrapped, upstream, wrap
 
 DATA_CONFIG = "dataset_info.json"
-_ORIGINAL = "__zebra_original__"
 
 
 def _is_remote(dataset_dir: Any) -> bool:
@@ -75,10 +74,6 @@ def check_dataset_names(names: list[str], dataset_dir: str | dict[str, Any]) -> 
         )
 
 
-def _already_wrapped(function: Any) -> bool:
-    return hasattr(function, _ORIGINAL)
-
-
 def on_converter_module_loaded(module: ModuleType) -> None:
     """Registers our converters and guards every converter LLaMA-Factory hands out."""
     from ..data.converters import ZEBRA_CONVERTERS
@@ -92,7 +87,7 @@ def on_converter_module_loaded(module: ModuleType) -> None:
     for name, converter_class in ZEBRA_CONVERTERS.items():
         if name not in converters:
             register(name, converter_class)
-    if _already_wrapped(get_converter):
+    if is_wrapped(module, "get_dataset_converter"):
         return
 
     @functools.wraps(get_converter)
@@ -103,15 +98,14 @@ def on_converter_module_loaded(module: ModuleType) -> None:
             )
         return GuardedConverter(get_converter(name, dataset_attr, data_args), name)
 
-    setattr(guarded_get_dataset_converter, _ORIGINAL, get_converter)
-    module.get_dataset_converter = guarded_get_dataset_converter
+    wrap(module, "get_dataset_converter", guarded_get_dataset_converter)
 
 
 def on_parser_module_loaded(module: ModuleType) -> None:
     """``dataset:`` names resolve through the user's dataset_info.json, then the registry."""
-    get_dataset_list = upstream(module, "get_dataset_list")
-    if _already_wrapped(get_dataset_list):
+    if is_wrapped(module, "get_dataset_list"):
         return
+    get_dataset_list = upstream(module, "get_dataset_list")
 
     @functools.wraps(get_dataset_list)
     def zebra_get_dataset_list(dataset_names, dataset_dir):
@@ -126,8 +120,7 @@ def on_parser_module_loaded(module: ModuleType) -> None:
             setattr(attr, SKIP_ATTRIBUTE, bool(info[name].get(SKIP_KEY, False)))
         return attrs
 
-    setattr(zebra_get_dataset_list, _ORIGINAL, get_dataset_list)
-    module.get_dataset_list = zebra_get_dataset_list
+    wrap(module, "get_dataset_list", zebra_get_dataset_list)
 
 
 def guarded_converter(dataset_attr: Any, data_args: Any) -> Any:
@@ -147,9 +140,9 @@ def on_loader_module_loaded(module: ModuleType) -> None:
     from ..data.row_policy import MalformedDataError, check_converted_rows, malformed_rows_message
     from ..data.validation import MissingColumnError
 
-    load_single_dataset = upstream(module, "_load_single_dataset")
-    if _already_wrapped(load_single_dataset):
+    if is_wrapped(module, "_load_single_dataset"):
         return
+    load_single_dataset = upstream(module, "_load_single_dataset")
 
     @functools.wraps(load_single_dataset)
     def zebra_load_single_dataset(dataset_attr, model_args, data_args, training_args):
@@ -167,15 +160,14 @@ def on_loader_module_loaded(module: ModuleType) -> None:
         check_converted_rows(dataset, dataset_attr, data_args.dataset_dir, converter, module.logger)
         return dataset
 
-    setattr(zebra_load_single_dataset, _ORIGINAL, load_single_dataset)
-    module._load_single_dataset = zebra_load_single_dataset
+    wrap(module, "_load_single_dataset", zebra_load_single_dataset)
 
 
 def on_webui_common_loaded(module: ModuleType) -> None:
     """The web UI's dataset dropdown lists the user's datasets, then the registry's."""
-    load_dataset_info = upstream(module, "load_dataset_info")
-    if _already_wrapped(load_dataset_info):
+    if is_wrapped(module, "load_dataset_info"):
         return
+    load_dataset_info = upstream(module, "load_dataset_info")
 
     @functools.wraps(load_dataset_info)
     def zebra_load_dataset_info(dataset_dir):
@@ -184,8 +176,7 @@ def on_webui_common_loaded(module: ModuleType) -> None:
         user_info = load_dataset_info(dataset_dir) if os.path.isfile(os.path.join(dataset_dir, DATA_CONFIG)) else {}
         return merge_dataset_info(user_info, os.path.join(dataset_dir, DATA_CONFIG))
 
-    setattr(zebra_load_dataset_info, _ORIGINAL, load_dataset_info)
-    module.load_dataset_info = zebra_load_dataset_info
+    wrap(module, "load_dataset_info", zebra_load_dataset_info)
 
 
 _SEAMS = {

@@ -1,49 +1,40 @@
-"""``distill: ild | kd`` in ``llamafactory-cli train`` (see docs/distill.md); two seams:
+"""``distill: ild | kd`` in ``llamafactory-cli train`` (see docs/distill.md): the steps ``training.py``'s
+seams call, and the one wrapper distillation adds on its own.
 
-- ``hparams.parser.get_train_args``: the distillation keys leave the arguments before LLaMA-Factory
-  parses them, are checked (stage, teacher path, vocabulary, weights, ILD shapes) before any data is
-  loaded, and are stored as ``finetuning_args.distill``.
-- ``train.sft.workflow.CustomSeq2SeqTrainer``: ``run_sft`` builds :func:`distill.trainer.distill_trainer`'s
-  subclass of LLaMA-Factory's trainer when ``finetuning_args.distill`` is set (patched when the parser
-  sees the keys: by then ``llamafactory.train.tuner`` has imported the workflow).
-
-Plus, during distillation only, ``train.callbacks.LogCallback.on_log``: LLaMA-Factory writes a fixed set of
-keys to ``trainer_log.jsonl``; the wrapper adds the distillation metrics of the same log entry.
+- ``hparams.parser.get_train_args`` (``training.py``'s one wrapper): the distillation keys leave the
+  arguments before LLaMA-Factory parses them (``distill.args.pop_distill_args``), are checked (stage, teacher path,
+  vocabulary, weights, ILD shapes, no SP / tiled MLP) before any data is loaded, and are stored as
+  ``finetuning_args.distill`` (:func:`distill_step`).
+- ``train.sft.workflow.CustomSeq2SeqTrainer`` (wrapped in ``training.py``): ``run_sft`` builds
+  :func:`distill.trainer.distill_trainer`'s subclass of LLaMA-Factory's trainer when
+  ``finetuning_args.distill`` is set.
+- ``train.callbacks.LogCallback.on_log``, during distillation only: LLaMA-Factory writes a fixed set of
+  keys to ``trainer_log.jsonl``; the wrapper adds the distillation metrics of the same log entry.
 """
 
 from __future__ import annotations
 
 import functools
 from types import ModuleType
+from typing import Any
 
-from ..distill.args import DistillArguments, check_distill_setup, pop_distill_args
-from ..distill.trainer import METRIC_PREFIXES, distill_trainer
-from .seams import upstream
+from ..distill.args import DistillArguments, check_distill_setup
+from ..distill.trainer import METRIC_PREFIXES
+from .seams import is_wrapped, upstream, wrap
 
 
-def patch_parser(parser: ModuleType) -> None:
-    """Wrapper of ``get_train_args`` outside the sequence-parallel one (so SP/tiled-MLP keys are parsed)."""
-    get_train_args = upstream(parser, "get_train_args")
-    read_args = upstream(parser, "read_args")
+def distill_step(distill: DistillArguments | None, parsed: tuple[Any, ...], logger: Any) -> None:
+    """Store ``distill`` on ``finetuning_args`` and check it (after the SP and tiled-MLP steps stored theirs)."""
+    model_args, _, _, finetuning_args, _ = parsed
+    finetuning_args.distill = distill
+    if distill is None:
+        return
+    check_distill_setup(distill, model_args, finetuning_args)
+    distill.trust_remote_code = bool(model_args.trust_remote_code)
+    from llamafactory.train import callbacks
 
-    @functools.wraps(get_train_args)
-    def get_train_args_with_distill(args=None):
-        args, distill = pop_distill_args(read_args(args))
-        parsed = get_train_args(args)
-        model_args, _, _, finetuning_args, _ = parsed
-        finetuning_args.distill = distill
-        if distill is not None:
-            check_distill_setup(distill, model_args, finetuning_args)
-            distill.trust_remote_code = bool(model_args.trust_remote_code)
-            from llamafactory.train import callbacks
-            from llamafactory.train.sft import workflow
-
-            patch_sft_workflow(workflow)
-            patch_log_callback(callbacks)
-            parser.logger.info_rank0(f"llamafactory-zebra: {describe(distill)}")
-        return parsed
-
-    parser.get_train_args = get_train_args_with_distill
+    patch_log_callback(callbacks)
+    logger.info_rank0(f"llamafactory-zebra: {describe(distill)}")
 
 
 def describe(distill: DistillArguments) -> str:
@@ -60,30 +51,12 @@ def describe(distill: DistillArguments) -> str:
     )
 
 
-def patch_sft_workflow(workflow: ModuleType) -> None:
-    """Make ``run_sft`` build the distillation trainer when ``finetuning_args.distill`` is set (idempotent)."""
-    if getattr(workflow.CustomSeq2SeqTrainer, "distill_base", None) is not None:
-        return
-    upstream(workflow, "CustomSeq2SeqTrainer.__init__")
-    base = workflow.CustomSeq2SeqTrainer
-    trainer_class = distill_trainer(base)
-
-    @functools.wraps(base, updated=())
-    def trainer_for_run(*args, **kwargs):
-        if getattr(kwargs.get("finetuning_args"), "distill", None) is not None:
-            return trainer_class(*args, **kwargs)
-        return base(*args, **kwargs)
-
-    trainer_for_run.distill_base = base
-    workflow.CustomSeq2SeqTrainer = trainer_for_run
-
-
 def patch_log_callback(callbacks: ModuleType) -> None:
-    """Add the distillation metrics of the newest ``log_history`` entry to the line LogCallback writes."""
-    log_callback = callbacks.LogCallback
-    on_log = upstream(callbacks, "LogCallback.on_log")
-    if getattr(on_log, "distill_metrics", False):
+    """Add the distillation metrics of the newest ``log_history`` entry to the line LogCallback writes
+    (once per process)."""
+    if is_wrapped(callbacks, "LogCallback.on_log"):
         return
+    on_log = upstream(callbacks, "LogCallback.on_log")
     write_log = upstream(callbacks, "LogCallback._write_log")
 
     @functools.wraps(on_log)
@@ -98,5 +71,4 @@ def patch_log_callback(callbacks: ModuleType) -> None:
         finally:
             del self._write_log
 
-    on_log_with_distill_metrics.distill_metrics = True
-    log_callback.on_log = on_log_with_distill_metrics
+    wrap(callbacks, "LogCallback.on_log", on_log_with_distill_metrics)

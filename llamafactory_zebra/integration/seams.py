@@ -1,9 +1,13 @@
 """Every place where llamafactory-zebra changes LLaMA-Factory 0.9.5 behaviour, and why.
 
-Each function receives the freshly imported LLaMA-Factory module and wraps one module-level name.
-Wrappers change nothing for non-Zebra models. ``UPSTREAM_SEAMS`` lists the names and signatures relied
+``UPSTREAM_SEAMS`` lists every upstream name the plugin wraps or relies on, with the parameters relied
 on; ``tests/test_upstream_seams.py`` fails when an upgrade moves or renames any of them, and
 :func:`require_seam` raises at activation with the same message, instead of patching the wrong thing.
+:func:`wrap` is the one door through which any upstream attribute is replaced: it checks the seam,
+marks the wrapper with the original and refuses to wrap a name twice. Wrappers change nothing for
+non-Zebra models; they live next to the behaviour they add (this module: model loading; ``training``:
+``get_train_args`` and the SFT trainer; ``datasets``; ``webui``; ``sequence_parallel``: DeepSpeed's
+``initialize`` during an SP run). ``docs/llamafactory.md``'s seam table is tested against this list.
 
 Seams (module → name):
 - ``extras.constants.register_model_group``: web UI model list + default template (a public registry).
@@ -15,10 +19,7 @@ Seams (module → name):
 - ``model.patcher.configure_rope``: LLaMA-Factory replaces ``rope_scaling`` wholesale, dropping
   ``rope_theta`` and YaRN's ``mscale`` keys, and writes a float ``max_position_embeddings`` that strict
   transformers-5 configs reject; for Zebra the same rule runs here without either problem.
-- ``hparams.parser.get_train_args``: for Zebra, keep neat-packing masks 2-D (the model isolates
-  samples itself, so the O(L²) 4-D mask LLaMA-Factory builds for non-FA2 backends is not needed), run
-  the training guard rails before any data is loaded, and resume from the last complete checkpoint
-  (``resume.py``).
+- ``hparams.parser.get_train_args``: see ``training.py``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -38,9 +40,9 @@ from ..configuration_zebra import (
 )
 
 # Every name in LLaMA-Factory (and the one in DeepSpeed) that the plugin wraps, replaces or relies on:
-# (module, attribute — dotted for class members, parameters relied on, in order). The wrappers live
-# here and in datasets.py, webui.py, sequence_parallel.py and distill.py (each next to the behaviour it adds); all
-# of them fetch their target through require_seam, and tests/test_upstream_seams.py checks this table.
+# (module, attribute — dotted for class members, parameters relied on, in order). Every wrapper is
+# installed through wrap(), which checks its target against this table; tests/test_upstream_seams.py
+# checks the table against the installed LLaMA-Factory and against docs/llamafactory.md.
 UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("llamafactory.extras.constants", "register_model_group", ("models", "template", "multimodal")),
     ("llamafactory.model.loader", "load_config", ("model_args",)),
@@ -64,8 +66,8 @@ UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("llamafactory.webui.runner", "Runner._parse_train_args", ("self", "data")),
     (
         "llamafactory.train.sft.workflow",
-        "CustomSeq2SeqTrainer.__init__",
-        ("self", "finetuning_args", "processor", "model_args", "gen_kwargs"),
+        "CustomSeq2SeqTrainer",
+        ("finetuning_args", "processor", "model_args", "gen_kwargs"),
     ),
     ("llamafactory.train.callbacks", "LogCallback.on_log", ("self", "args", "state", "control")),
     ("llamafactory.train.callbacks", "LogCallback._write_log", ("self", "output_dir", "logs")),
@@ -86,7 +88,15 @@ ZEBRA_TEMPLATE = "zebra"
 BASE_TEMPLATE = "qwen3"
 
 
+# Attribute on every installed wrapper: the upstream object it replaced.
+ORIGINAL = "__zebra_original__"
+
+
 class UpstreamSeamChanged(RuntimeError):
+    pass
+
+
+class AlreadyWrapped(RuntimeError):
     pass
 
 
@@ -115,6 +125,54 @@ def upstream(module: ModuleType, attribute: str) -> Any:
         if module_name == module.__name__ and name == attribute:
             return require_seam(module, attribute, parameters)
     raise KeyError(f"{module.__name__}.{attribute} is not declared in UPSTREAM_SEAMS")
+
+
+def _owner(module: ModuleType, attribute: str) -> tuple[Any, str]:
+    """The object holding the last part of a (dotted) attribute, and that part's name."""
+    owner_path, _, name = attribute.rpartition(".")
+    owner = module
+    for part in filter(None, owner_path.split(".")):
+        owner = getattr(owner, part)
+    return owner, name
+
+
+def is_wrapped(module: ModuleType, attribute: str) -> bool:
+    """Whether ``module.attribute`` is currently a llamafactory-zebra wrapper."""
+    owner, name = _owner(module, attribute)
+    return hasattr(getattr(owner, name, None), ORIGINAL)
+
+
+def wrap(module: ModuleType, attribute: str, wrapper: Callable) -> None:
+    """Replace the declared seam ``module.attribute`` (dotted for a class member) by ``wrapper``.
+
+    The only code in the plugin that assigns an upstream attribute. ``wrapper`` must be made with
+    ``functools.wraps(original)`` around the attribute's current value (so signatures and names stay
+    upstream's); it is marked with that original (:data:`ORIGINAL`). A name that already holds a
+    plugin wrapper is refused: two wrappers on one name would run in an order nobody chose. Callers that
+    may run twice in one process (``install_dataset_seams``) ask :func:`is_wrapped` first.
+    """
+    original = upstream(module, attribute)
+    if is_wrapped(module, attribute):
+        raise AlreadyWrapped(
+            f"{module.__name__}.{attribute} is already wrapped by llamafactory-zebra; "
+            "extend that wrapper instead of wrapping the name again"
+        )
+    if getattr(wrapper, "__wrapped__", None) is not original:
+        raise ValueError(
+            f"the wrapper for {module.__name__}.{attribute} must be made with functools.wraps around its current value"
+        )
+    setattr(wrapper, ORIGINAL, original)
+    owner, name = _owner(module, attribute)
+    setattr(owner, name, wrapper)
+
+
+def unwrap(module: ModuleType, attribute: str) -> None:
+    """Put the original back (for wrappers that only live during one call, e.g. ``deepspeed.initialize``)."""
+    owner, name = _owner(module, attribute)
+    current = getattr(owner, name)
+    if not hasattr(current, ORIGINAL):
+        raise ValueError(f"{module.__name__}.{attribute} is not wrapped by llamafactory-zebra")
+    setattr(owner, name, getattr(current, ORIGINAL))
 
 
 def _is_zebra(config: Any) -> bool:
@@ -172,9 +230,9 @@ def patch_loader(loader: ModuleType) -> None:
                 backend = model.enable_fused_cross_entropy("auto")
                 loader.logger.info_rank0(f"llamafactory-zebra: fused linear cross-entropy on ({backend})")
 
-    loader.load_config = zebra_load_config
-    loader.apply_liger_kernel = zebra_apply_liger_kernel
-    loader.patch_model = zebra_patch_model
+    wrap(loader, "load_config", zebra_load_config)
+    wrap(loader, "apply_liger_kernel", zebra_apply_liger_kernel)
+    wrap(loader, "patch_model", zebra_patch_model)
 
 
 def patch_rope(patcher: ModuleType) -> None:
@@ -186,7 +244,7 @@ def patch_rope(patcher: ModuleType) -> None:
             return configure_rope(config, model_args)
         return configure_zebra_rope(config, model_args, patcher.logger)
 
-    patcher.configure_rope = zebra_configure_rope
+    wrap(patcher, "configure_rope", zebra_configure_rope)
 
 
 def configure_zebra_rope(config: ZebraConfig, model_args: Any, logger: Any) -> None:
@@ -218,27 +276,3 @@ def configure_zebra_rope(config: ZebraConfig, model_args: Any, logger: Any) -> N
     config.max_position_embeddings = int(original * factor)
     config.validate_rope()
     logger.info_rank0(f"llamafactory-zebra: {rope_type} RoPE factor {factor} on the MLA rope dims ({merged})")
-
-
-def patch_train_args(parser: ModuleType) -> None:
-    get_train_args = upstream(parser, "get_train_args")
-
-    @functools.wraps(get_train_args)
-    def zebra_get_train_args(args=None):
-        model_args, data_args, training_args, finetuning_args, generating_args = get_train_args(args)
-        if checkpoint_layout(model_args.model_name_or_path):
-            model_args.block_diag_attn = False
-            from .config_conflicts import arguments_source
-            from .guards import check_training_setup
-            from .resume import resume_from_last_complete_checkpoint
-
-            config = ZebraConfig.from_pretrained(model_args.model_name_or_path)
-            arguments = arguments_source(args)
-            for warning in check_training_setup(
-                model_args, data_args, training_args, finetuning_args, config, arguments=arguments
-            ):
-                parser.logger.warning_rank0(f"llamafactory-zebra: {warning}")
-            resume_from_last_complete_checkpoint(training_args, parser.logger)
-        return model_args, data_args, training_args, finetuning_args, generating_args
-
-    parser.get_train_args = zebra_get_train_args

@@ -3,12 +3,12 @@
 LLaMA-Factory 0.9.5 has no such key (its parser rejects unknown keys) and transformers' own ALST
 wiring needs accelerate >= 1.12, which LLaMA-Factory pins out. So the plugin adds it at three seams:
 
-- ``hparams.parser.get_train_args``: the key is taken out of the arguments before LLaMA-Factory parses
-  them, stored as ``finetuning_args.sequence_parallel_size``, and the setup is checked (world size,
-  attention backend, head count, ``cutoff_len``, unsupported options) before any data is loaded.
-- ``train.sft.workflow.CustomSeq2SeqTrainer``: with SP > 1 the SFT workflow builds
-  :func:`sequence_parallel_trainer`'s subclass of LLaMA-Factory's trainer instead (patched when the
-  parser sees the key: by then ``llamafactory.train.tuner`` has imported the workflow).
+- ``hparams.parser.get_train_args`` (``training.py`` calls the steps here): the key is taken out of the
+  arguments before LLaMA-Factory parses them (:func:`pop_sequence_parallel_size`), stored as
+  ``finetuning_args.sequence_parallel_size``, and the setup is checked (world size, attention backend,
+  head count, ``cutoff_len``, unsupported options) before any data is loaded.
+- ``train.sft.workflow.CustomSeq2SeqTrainer`` (wrapped in ``training.py``): with SP > 1 the SFT
+  workflow builds :func:`sequence_parallel_trainer`'s subclass of LLaMA-Factory's trainer instead.
 - ``deepspeed.initialize`` (looked up by accelerate at call time), during ``train()`` only: DeepSpeed
   gets ALST's ``parallel_state_sp`` as ``mpu`` and ``train_batch_size = micro x accumulation x dp``
   (HF's "auto" fill counts every rank as data parallel).
@@ -28,12 +28,9 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-from ..configuration_zebra import checkpoint_layout
-from ..layers.tiled_mlp import AUTO, set_mlp_tiles
-from .seams import upstream
+from .seams import unwrap, upstream, wrap
 
 SP_KEY = "sequence_parallel_size"
-TILED_MLP_KEY = "tiled_mlp"
 # LLaMA-Factory ``flash_attn`` values that reach an attention the SP wrapper can keep samples apart in
 # (``auto`` resolves to sdpa for Zebra; ``disabled`` is eager, whose T x T weights no long run affords).
 SP_ATTENTION = ("auto", "sdpa", "fa2", "fa3")
@@ -61,38 +58,6 @@ def pop_sequence_parallel_size(args: dict[str, Any] | list[str]) -> tuple[dict[s
         else:
             rest.append(item)
     return rest, value
-
-
-def pop_tiled_mlp(args: dict[str, Any] | list[str]) -> tuple[dict[str, Any] | list[str], bool]:
-    """``args`` without ``tiled_mlp`` and its value (``false`` when absent); YAML dict or CLI strings."""
-    if isinstance(args, dict):
-        rest = dict(args)
-        value = rest.pop(TILED_MLP_KEY, False)
-    else:
-        rest, value, items = [], False, iter(args)
-        for item in items:
-            name, _, inline = item.lstrip("-").partition("=")
-            if item.startswith("--") and name == TILED_MLP_KEY:
-                value = inline if inline else next(items, "true")
-            else:
-                rest.append(item)
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        value = value.strip().lower() == "true"
-    if not isinstance(value, bool):
-        raise ValueError(f"{TILED_MLP_KEY} must be true or false, got {value!r}")
-    return rest, value
-
-
-def check_tiled_mlp_setup(model_args: Any, training_args: Any) -> None:
-    if checkpoint_layout(model_args.model_name_or_path) is None:
-        raise ValueError(
-            f"{TILED_MLP_KEY}: true is implemented for Zebra models; {model_args.model_name_or_path} is not one"
-        )
-    if training_args.world_size > 1 and not training_args.deepspeed:
-        raise ValueError(
-            f"{TILED_MLP_KEY}: true needs DeepSpeed (ZeRO-2/3) or a single process: under plain DDP every tile's "
-            "backward would mark the MLP gradients ready again; add e.g. deepspeed: deepspeed_configs/ds_z3_bf16.json"
-        )
 
 
 def _parse_size(value: Any) -> int:
@@ -144,64 +109,6 @@ def check_sequence_parallel_setup(
             raise ValueError(f"{attribute}: true ({what}) is not supported with {SP_KEY} > 1; remove it")
 
 
-def patch_parser(parser: ModuleType) -> None:
-    """Innermost wrapper of ``get_train_args`` (installed first): strip, store and check the SP key."""
-    get_train_args = upstream(parser, "get_train_args")
-    read_args = upstream(parser, "read_args")
-
-    @functools.wraps(get_train_args)
-    def get_train_args_with_sequence_parallel(args=None):
-        args, sp = pop_sequence_parallel_size(read_args(args))
-        args, tiled_mlp = pop_tiled_mlp(args)
-        parsed = get_train_args(args)
-        model_args, data_args, training_args, finetuning_args, _ = parsed
-        finetuning_args.sequence_parallel_size = sp
-        finetuning_args.tiled_mlp = tiled_mlp
-        if tiled_mlp:
-            check_tiled_mlp_setup(model_args, training_args)
-            from llamafactory.train.sft import workflow
-
-            patch_sft_workflow(workflow)
-        if sp > 1:
-            from ..configuration_zebra import ZebraConfig
-
-            config = None
-            if checkpoint_layout(model_args.model_name_or_path):
-                config = ZebraConfig.from_pretrained(model_args.model_name_or_path)
-            check_sequence_parallel_setup(sp, model_args, data_args, training_args, finetuning_args, config)
-            from llamafactory.train.sft import workflow
-
-            patch_sft_workflow(workflow)
-            parser.logger.info_rank0(
-                f"llamafactory-zebra: sequence parallelism {sp} x data parallelism {training_args.world_size // sp}"
-            )
-        return parsed
-
-    parser.get_train_args = get_train_args_with_sequence_parallel
-
-
-def patch_sft_workflow(workflow: ModuleType) -> None:
-    """Make ``run_sft`` build the SP trainer when ``finetuning_args.sequence_parallel_size > 1``, and tile the
-    MLPs when ``finetuning_args.tiled_mlp`` (idempotent)."""
-    if getattr(workflow.CustomSeq2SeqTrainer, "sequence_parallel_base", None) is not None:
-        return
-    upstream(workflow, "CustomSeq2SeqTrainer.__init__")
-    base = workflow.CustomSeq2SeqTrainer
-    sp_trainer = sequence_parallel_trainer(base)
-
-    @functools.wraps(base, updated=())
-    def trainer_for_run(*args, **kwargs):
-        if getattr(kwargs.get("finetuning_args"), TILED_MLP_KEY, False):
-            count = set_mlp_tiles(kwargs["model"], AUTO)
-            workflow.logger.info_rank0(f"llamafactory-zebra: {count} MLPs run over sequence tiles ({TILED_MLP_KEY})")
-        if getattr(kwargs.get("finetuning_args"), SP_KEY, 1) > 1:
-            return sp_trainer(*args, **kwargs)
-        return base(*args, **kwargs)
-
-    trainer_for_run.sequence_parallel_base = base
-    workflow.CustomSeq2SeqTrainer = trainer_for_run
-
-
 def prepare_data_parallel_loader(accelerator: Any, dataloader: Any, dp_size: int, dp_rank: int) -> Any:
     """``Accelerator.prepare_data_loader`` with ``dp`` processes instead of all ranks: every rank of an SP
     group gets the same batches (accelerate's sampler, seeding, epoch and resume handling unchanged)."""
@@ -249,11 +156,11 @@ def deepspeed_initialize_with_mpu(mpu: ModuleType, dp_size: int) -> Iterator[Non
         kwargs["mpu"] = mpu
         return initialize(*args, **kwargs)
 
-    deepspeed.initialize = initialize_with_mpu
+    wrap(deepspeed, "initialize", initialize_with_mpu)
     try:
         yield
     finally:
-        deepspeed.initialize = initialize
+        unwrap(deepspeed, "initialize")
 
 
 def sequence_parallel_trainer(base: type) -> type:

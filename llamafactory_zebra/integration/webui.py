@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from ..configuration_zebra import PRESETS
-from .seams import upstream
+from .seams import is_wrapped, upstream, wrap
 
 LOCALHOST_IPV4 = "127.0.0.1"
 LOCALHOST_IPV6 = "::1"
@@ -35,7 +35,6 @@ ZEBRA_MAX_CUTOFF_LEN = max(preset["max_position_embeddings"] for preset in PRESE
 """Zebra's longest context; LlamaBoard's cutoff sliders stop at 131072 (hiyouga/LLaMA-Factory#8148)."""
 
 PRESET_DIR_NAME = "deepspeed_configs"
-_ORIGINAL = "__zebra_original__"
 
 
 def default_server_name() -> str:
@@ -53,9 +52,8 @@ def on_interface_loaded(interface: ModuleType) -> None:
     boxes. Setting ``GRADIO_SERVER_NAME=0.0.0.0`` brings upstream's behaviour back.
     """
     for name in ("run_web_ui", "run_web_demo"):
-        launch = upstream(interface, name)
-        if not hasattr(launch, _ORIGINAL):
-            setattr(interface, name, _on_loopback_by_default(launch))
+        if not is_wrapped(interface, name):
+            wrap(interface, name, _on_loopback_by_default(upstream(interface, name)))
 
 
 def _on_loopback_by_default(launch: Callable[[], None]) -> Callable[[], None]:
@@ -64,7 +62,6 @@ def _on_loopback_by_default(launch: Callable[[], None]) -> Callable[[], None]:
         os.environ.setdefault(SERVER_NAME_ENV, default_server_name())
         launch()
 
-    setattr(launch_on_loopback, _ORIGINAL, launch)
     return launch_on_loopback
 
 
@@ -112,10 +109,9 @@ def on_engine_loaded(engine_module: ModuleType) -> None:
     """
     from llamafactory.extras.misc import is_accelerator_available
 
-    resume = upstream(engine_module, "Engine.resume")
-    engine_class = engine_module.Engine
-    if hasattr(resume, _ORIGINAL):
+    if is_wrapped(engine_module, "Engine.resume"):
         return
+    resume = upstream(engine_module, "Engine.resume")
 
     @functools.wraps(resume)
     def resume_with_zebra_defaults(self):
@@ -126,8 +122,7 @@ def on_engine_loaded(engine_module: ModuleType) -> None:
         yield first
         yield from updates
 
-    setattr(resume_with_zebra_defaults, _ORIGINAL, resume)
-    engine_class.resume = resume_with_zebra_defaults
+    wrap(engine_module, "Engine.resume", resume_with_zebra_defaults)
 
 
 def on_runner_loaded(runner_module: ModuleType) -> None:
@@ -137,10 +132,9 @@ def on_runner_loaded(runner_module: ModuleType) -> None:
     preset name that file does not exist, so the argument is replaced by the preset's absolute path
     (the preset fixes offloading itself; the "offload" checkbox does not apply to it).
     """
-    parse_train_args = upstream(runner_module, "Runner._parse_train_args")
-    runner_class = runner_module.Runner
-    if hasattr(parse_train_args, _ORIGINAL):
+    if is_wrapped(runner_module, "Runner._parse_train_args"):
         return
+    parse_train_args = upstream(runner_module, "Runner._parse_train_args")
 
     @functools.wraps(parse_train_args)
     def parse_train_args_with_presets(self, data):
@@ -150,5 +144,4 @@ def on_runner_loaded(runner_module: ModuleType) -> None:
             args["deepspeed"] = str(preset)
         return args
 
-    setattr(parse_train_args_with_presets, _ORIGINAL, parse_train_args)
-    runner_class._parse_train_args = parse_train_args_with_presets
+    wrap(runner_module, "Runner._parse_train_args", parse_train_args_with_presets)
