@@ -87,8 +87,6 @@ def on_converter_module_loaded(module: ModuleType) -> None:
     for name, converter_class in ZEBRA_CONVERTERS.items():
         if name not in converters:
             register(name, converter_class)
-    if is_wrapped(module, "get_dataset_converter"):
-        return
 
     @functools.wraps(get_converter)
     def guarded_get_dataset_converter(name, dataset_attr, data_args):
@@ -103,8 +101,6 @@ def on_converter_module_loaded(module: ModuleType) -> None:
 
 def on_parser_module_loaded(module: ModuleType) -> None:
     """``dataset:`` names resolve through the user's dataset_info.json, then the registry."""
-    if is_wrapped(module, "get_dataset_list"):
-        return
     get_dataset_list = upstream(module, "get_dataset_list")
 
     @functools.wraps(get_dataset_list)
@@ -140,8 +136,6 @@ def on_loader_module_loaded(module: ModuleType) -> None:
     from ..data.row_policy import MalformedDataError, check_converted_rows, malformed_rows_message
     from ..data.validation import MissingColumnError
 
-    if is_wrapped(module, "_load_single_dataset"):
-        return
     load_single_dataset = upstream(module, "_load_single_dataset")
 
     @functools.wraps(load_single_dataset)
@@ -165,8 +159,6 @@ def on_loader_module_loaded(module: ModuleType) -> None:
 
 def on_webui_common_loaded(module: ModuleType) -> None:
     """The web UI's dataset dropdown lists the user's datasets, then the registry's."""
-    if is_wrapped(module, "load_dataset_info"):
-        return
     load_dataset_info = upstream(module, "load_dataset_info")
 
     @functools.wraps(load_dataset_info)
@@ -179,11 +171,12 @@ def on_webui_common_loaded(module: ModuleType) -> None:
     wrap(module, "load_dataset_info", zebra_load_dataset_info)
 
 
+# Module → (the function applying its seam, the name that seam wraps).
 _SEAMS = {
-    "llamafactory.data.converter": on_converter_module_loaded,
-    "llamafactory.data.parser": on_parser_module_loaded,
-    "llamafactory.data.loader": on_loader_module_loaded,
-    "llamafactory.webui.common": on_webui_common_loaded,
+    "llamafactory.data.converter": (on_converter_module_loaded, "get_dataset_converter"),
+    "llamafactory.data.parser": (on_parser_module_loaded, "get_dataset_list"),
+    "llamafactory.data.loader": (on_loader_module_loaded, "_load_single_dataset"),
+    "llamafactory.webui.common": (on_webui_common_loaded, "load_dataset_info"),
 }
 
 
@@ -193,5 +186,7 @@ def install_dataset_seams() -> None:
     Modules that already bound the original names (``from .parser import get_dataset_list`` in
     ``data.loader``) keep them, which is why the hook applies the seams at import time instead.
     """
-    for name, seam in _SEAMS.items():
-        seam(importlib.import_module(name))
+    for name, (seam, wrapped_name) in _SEAMS.items():
+        module = importlib.import_module(name)
+        if not is_wrapped(module, wrapped_name):
+            seam(module)
