@@ -176,6 +176,10 @@ def test_installed_wrappers_went_through_the_door():
     ]
     for module_name, attribute in wrapped_at_import:
         assert seams.is_wrapped(importlib.import_module(module_name), attribute), f"{module_name}.{attribute}"
+    # One wrapper on get_train_args, directly around LLaMA-Factory's own function.
+    parser = importlib.import_module("llamafactory.hparams.parser")
+    original = getattr(parser.get_train_args, seams.ORIGINAL)
+    assert original.__module__ == "llamafactory.hparams.parser" and not hasattr(original, seams.ORIGINAL)
 
 
 def test_the_docs_seam_table_lists_exactly_the_declared_seams():
