@@ -112,14 +112,19 @@ def main() -> None:
         for kind in POINTS:
             for name, tree in order:
                 times[name, kind].append(run_point(tree, kind, args.length, args.threads))
-    print(f"T={args.length}, CPU threads={args.threads}, median of {args.repeats} (fresh process per point)")
+        print_table(times, trees, args, rounds=round_index + 1)
+
+
+def print_table(times: dict[tuple[str, str], list[float]], trees: dict[str, Path], args, rounds: int) -> None:
+    """The medians so far (printed after every round, so a stopped run still reports)."""
+    print(f"T={args.length}, CPU threads={args.threads}, median of {rounds} rounds (fresh process per point)")
     print(f"baseline: {trees['baseline']}; this: {trees['this']}")
     print("| point | baseline s | this s | ratio this/baseline | spread (max/min, both trees) |")
     print("|---|---|---|---|---|")
     for kind in POINTS:
         base, this = statistics.median(times["baseline", kind]), statistics.median(times["this", kind])
         every = times["baseline", kind] + times["this", kind]
-        print(f"| {kind} | {base:.3f} | {this:.3f} | {this / base:.3f} | {max(every) / min(every):.2f} |")
+        print(f"| {kind} | {base:.3f} | {this:.3f} | {this / base:.3f} | {max(every) / min(every):.2f} |", flush=True)
 
 
 if __name__ == "__main__":
