@@ -3,7 +3,8 @@
 For a refactor that must not change speed. Each point runs in a fresh interpreter whose ``PYTHONPATH``
 is one tree, so both trees' ``llamafactory_zebra`` are timed by the same script on the same inputs;
 the two trees alternate point by point (``--repeats`` rounds, median), so load on a shared machine
-hits both alike. Points:
+hits both alike. Times are process CPU time of one step after a warm-up, on one thread: on a shared
+machine wall time mostly measures the other jobs. Points:
 
 - ``gdn-op``: ``ops.chunk_gated_delta_rule_torch`` forward+backward at the Zebra layer's shapes
   (H=6, K=256, V=512), as ``bench_gdn.py`` times it;
@@ -71,9 +72,9 @@ def measure(kind: str, length: int, threads: int) -> float:
     torch.set_num_threads(threads)
     step = _step(kind, length)
     step()  # warm-up
-    start = time.perf_counter()
+    start = time.process_time()
     step()
-    return time.perf_counter() - start
+    return time.process_time() - start
 
 
 def run_point(tree: Path, kind: str, length: int, threads: int) -> float:
@@ -117,7 +118,9 @@ def main() -> None:
 
 def print_table(times: dict[tuple[str, str], list[float]], trees: dict[str, Path], args, rounds: int) -> None:
     """The medians so far (printed after every round, so a stopped run still reports)."""
-    print(f"T={args.length}, CPU threads={args.threads}, median of {rounds} rounds (fresh process per point)")
+    print(
+        f"T={args.length}, threads={args.threads}, CPU seconds per step, median of {rounds} rounds (fresh process per point)"
+    )
     print(f"baseline: {trees['baseline']}; this: {trees['this']}")
     print("| point | baseline s | this s | ratio this/baseline | spread (max/min, both trees) |")
     print("|---|---|---|---|---|")
