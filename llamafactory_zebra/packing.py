@@ -5,8 +5,8 @@ LLaMA-Factory hands a model its packed rows in one of three forms: ``packing`` r
 samples 1, 2, 3… in the 2-D ``attention_mask`` (0 = padding); a collator with ``block_diag_attn`` may
 send a 4-D block-diagonal mask instead. This module turns each form into one ``[B, T]`` tensor of
 segment ids, and segment ids into what the mixers read: ``cu_seqlens`` over the flattened ``B * T``
-tokens (GDN recurrence and convolutions), positions restarting at each sample (FlashAttention's varlen
-path) and a block-causal boolean mask (sdpa/eager). The single-process model and sequence parallelism
+tokens (GDN recurrence and convolutions, and FlashAttention's varlen path as ``cu_seq_lens_q/k``) and a
+block-causal boolean mask (sdpa/eager). The single-process model and sequence parallelism
 (which applies the same rule to whole rows gathered from their shards) both call it, so they isolate
 exactly the same tokens.
 
@@ -182,17 +182,6 @@ def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
     [0, 3, 5, 6, 7, 9, 14]
     """
     return cu_seqlens_from_starts(sample_starts_from_position_ids(position_ids))
-
-
-def positions_within_segments(segment_ids: torch.Tensor) -> torch.Tensor:
-    """0, 1, 2… restarting wherever the id changes: the borders FlashAttention's varlen path reads.
-
-    >>> positions_within_segments(torch.tensor([[1, 1, 1, 2, 2, 0]])).tolist()
-    [[0, 1, 2, 0, 1, 0]]
-    """
-    index = torch.arange(segment_ids.shape[-1], device=segment_ids.device).expand_as(segment_ids)
-    start_index = torch.where(segment_starts(segment_ids), index, torch.zeros_like(index)).cummax(-1).values
-    return index - start_index
 
 
 def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:

@@ -197,3 +197,38 @@ def test_packed_flash_attention_2_equals_sdpa(reference_fa2, rows):
     # The comparison can fail: the same rows read as single samples change the logits far beyond it.
     unpacked, _ = run(sdpa, input_ids, torch.arange(input_ids.shape[1]).expand_as(input_ids))
     assert relative(unpacked, logits_ref) > 10 * BF16_TOLERANCE
+
+
+def test_sequence_parallel_flash_attention_2_keeps_rows_and_samples_apart(reference_fa2, monkeypatch):
+    """Ulysses attention hands FA2 the whole rows' borders, also with two rows per micro-batch.
+
+    One rank (the all-to-all of a group of one is the identity), so the core attention sees the whole
+    rows; the reference is explicit causal attention within each sample.
+    """
+    from types import SimpleNamespace
+
+    from llamafactory_zebra.layers.flash_attention import flash_attention_forward
+    from llamafactory_zebra.packing import block_causal_mask
+    from llamafactory_zebra.parallel import SequenceParallelLayout, build_sequence_parallel_context
+    from llamafactory_zebra.parallel import attention as ulysses
+
+    monkeypatch.setattr(ulysses, "all_to_all", lambda tensor, **_: tensor)
+    segments = torch.tensor([[1, 1, 1, 2, 2, 0, 0], [1, 1, 1, 1, 2, 2, 3]])
+    one_rank = SequenceParallelLayout(group=None, rank=0, size=1, dp_rank=0, dp_size=1)
+    context = build_sequence_parallel_context(one_rank, segments)
+    attend = ulysses.ulysses_attention(context, flash_attention_forward, "flash_attention_2")
+    module = SimpleNamespace(is_causal=True, config=SimpleNamespace(_attn_implementation="flash_attention_2"))
+    gen = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(2, 4, 7, 8, generator=gen).to(torch.bfloat16) for _ in range(3))
+    shard_positions = torch.tensor([[0, 1, 2, 0, 1, 0, 0], [0, 1, 2, 3, 0, 1, 0]])
+
+    output, _ = attend(module, query, key, value, None, position_ids=shard_positions)
+
+    assert reference_fa2.dense_calls == 0, "two packed rows reached flash_attn_func: samples would see each other"
+    # Padding (one stretch of it) is a segment of its own, as in the sdpa path's mask.
+    assert reference_fa2.varlen_calls == [[0, 3, 5, 7, 11, 13, 14]]
+    mask = block_causal_mask(context.global_runs)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        query.float(), key.float(), value.float(), attn_mask=mask
+    ).transpose(1, 2)
+    assert relative(output, expected) < BF16_TOLERANCE

@@ -6,7 +6,9 @@ and is registered by overwriting a transformers attention backend process-wide. 
 built per forward from the :class:`~.context.SequenceParallelContext`, so it knows the sample borders
 of the whole rows and hands them to the core attention in the form it reads:
 
-- FlashAttention-2/3: positions restarting at every sample (their varlen path), no mask;
+- FlashAttention-2/3: the borders themselves (``cu_seq_lens_q/k``, ``max_length_q/k``) over all
+  ``B * T`` tokens of the whole rows, no mask — transformers reads borders from restarting
+  ``position_ids`` only for a batch of one row, and would attend across rows and samples otherwise;
 - sdpa / eager: the ``[B, 1, T, T]`` block-diagonal causal mask (quadratic: CPU and short rows only);
   sdpa gets no mask (its causal flag) when every row is a single sample.
 
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from ..packing import block_causal_mask, positions_within_segments
+from ..packing import block_causal_mask, cu_seqlens_from_segment_ids
 from .collectives import all_to_all
 
 if TYPE_CHECKING:
@@ -53,6 +55,16 @@ def ulysses_attention(
             f"parallelism; use one of {', '.join(b for b in FLASH_BACKENDS + MASK_BACKENDS if b)}"
         )
     group, size = context.layout.group, context.layout.size
+    varlen = {}
+    if attn_implementation in FLASH_BACKENDS:
+        cu_seqlens = cu_seqlens_from_segment_ids(context.global_runs)
+        max_length = int(cu_seqlens.diff().max())
+        varlen = {
+            "cu_seq_lens_q": cu_seqlens,
+            "cu_seq_lens_k": cu_seqlens,
+            "max_length_q": max_length,
+            "max_length_k": max_length,
+        }
 
     def attend(module, query, key, value, attention_mask, **kwargs):
         heads, kv_heads = query.shape[1], key.shape[1]
@@ -64,7 +76,8 @@ def ulysses_attention(
         query, key, value = (all_to_all(x, scatter_dim=1, gather_dim=2, group=group) for x in (query, key, value))
         view = _HeadSliceView(module, query.shape[1] // key.shape[1])
         if attn_implementation in FLASH_BACKENDS:
-            kwargs["position_ids"] = positions_within_segments(context.global_runs)
+            kwargs.pop("position_ids", None)  # this shard's positions; the borders above cover whole rows
+            kwargs.update(varlen)
             mask = None
         elif attn_implementation == "sdpa" and bool((context.global_runs == 1).all()):
             mask = None
