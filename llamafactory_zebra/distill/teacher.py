@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..modeling_zebra import block_causal_mask, packed_segment_ids
+from ..packing import block_causal_mask, packed_segment_ids
 
 
 def positions_within_segments(segment_ids: torch.Tensor) -> torch.Tensor:
