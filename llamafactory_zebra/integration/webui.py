@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from ..configuration_zebra import PRESETS
-from .seams import upstream, wrap
+from .seams import is_wrapped, upstream, wrap
 
 LOCALHOST_IPV4 = "127.0.0.1"
 LOCALHOST_IPV6 = "::1"
@@ -52,7 +52,8 @@ def on_interface_loaded(interface: ModuleType) -> None:
     boxes. Setting ``GRADIO_SERVER_NAME=0.0.0.0`` brings upstream's behaviour back.
     """
     for name in ("run_web_ui", "run_web_demo"):
-        wrap(interface, name, _on_loopback_by_default(upstream(interface, name)))
+        if not is_wrapped(interface, name):
+            wrap(interface, name, _on_loopback_by_default(upstream(interface, name)))
 
 
 def _on_loopback_by_default(launch: Callable[[], None]) -> Callable[[], None]:
@@ -108,6 +109,8 @@ def on_engine_loaded(engine_module: ModuleType) -> None:
     """
     from llamafactory.extras.misc import is_accelerator_available
 
+    if is_wrapped(engine_module, "Engine.resume"):
+        return
     resume = upstream(engine_module, "Engine.resume")
 
     @functools.wraps(resume)
@@ -129,6 +132,8 @@ def on_runner_loaded(runner_module: ModuleType) -> None:
     preset name that file does not exist, so the argument is replaced by the preset's absolute path
     (the preset fixes offloading itself; the "offload" checkbox does not apply to it).
     """
+    if is_wrapped(runner_module, "Runner._parse_train_args"):
+        return
     parse_train_args = upstream(runner_module, "Runner._parse_train_args")
 
     @functools.wraps(parse_train_args)
