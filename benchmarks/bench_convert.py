@@ -9,13 +9,19 @@ written to disk first (no hub access). Then, each in a fresh subprocess so ``ru_
 
 Goal: convert ≤ 2x the floor's time, and peak RSS ≤ 1.5x one copy of the base weights.
 
-    python benchmarks/bench_convert.py --workdir /tmp/bench_convert [--layers 28] [--threads 1]
+Both write gigabytes into the page cache, which the kernel flushes to disk later: a point that starts
+while the previous one's output is still being flushed competes with that writeback. So every point
+starts after ``os.sync()`` (not timed), the two runs alternate for ``--repeats`` rounds (floor first in
+odd rounds, convert first in even ones), and the table gives each run's median.
+
+    python benchmarks/bench_convert.py --workdir /tmp/bench_convert [--layers 28] [--threads 1] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -121,11 +127,17 @@ def measure(kind: str, base: Path, output: Path, threads: int) -> dict:
     return {"seconds": seconds, "peak_gib": peak, "rise_gib": peak - baseline}
 
 
+def median_point(points: list[dict]) -> dict:
+    """The point of median wall time (its own RSS with it, so the row is one real run)."""
+    return sorted(points, key=lambda point: point["seconds"])[len(points) // 2]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", default="/tmp/bench_convert")
     parser.add_argument("--layers", type=int, default=28, help="decoder layers of the Qwen3-1.7B-shaped base")
     parser.add_argument("--threads", type=int, default=0, help="torch threads in both runs (0: torch's default)")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of both runs, alternating which goes first")
     parser.add_argument("--point", nargs=3, metavar=("KIND", "BASE", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.point:
@@ -140,15 +152,22 @@ def main() -> None:
     weight_bytes = write_random_base(base, args.layers)
     print(f"wrote a random Qwen3-1.7B-shaped base ({args.layers} layers, {weight_bytes / 1024**3:.2f} GiB bf16) "
           f"in {time.perf_counter() - start:.0f} s")  # fmt: skip
-    results = {}
-    for kind in ("floor", "convert"):
-        extra = ["--threads", str(args.threads)]
-        results[kind] = run_point(__file__, ["--point", kind, str(base), str(work / kind), *extra])
-        if results[kind] is None:
-            raise SystemExit(f"{kind}: killed (out of memory)")
+    runs: dict[str, list[dict]] = {"floor": [], "convert": []}
+    for round_index in range(args.repeats):
+        for kind in ("floor", "convert") if round_index % 2 == 0 else ("convert", "floor"):
+            os.sync()
+            extra = ["--threads", str(args.threads)]
+            point = run_point(__file__, ["--point", kind, str(base), str(work / kind), *extra])
+            if point is None:
+                raise SystemExit(f"{kind}: killed (out of memory)")
+            runs[kind].append(point)
+            print(f"round {round_index + 1}: {kind} {point['seconds']:.1f} s", flush=True)
+    results = {kind: median_point(points) for kind, points in runs.items()}
     weights_gib = weight_bytes / 1024**3
     floor, convert = results["floor"], results["convert"]
-    print(f"| run | wall s | peak RSS GiB | RSS rise GiB | peak RSS / weights ({weights_gib:.2f} GiB) |")
+    print(
+        f"| run (median of {args.repeats}) | wall s | peak RSS GiB | RSS rise GiB | peak RSS / weights ({weights_gib:.2f} GiB) |"
+    )
     print("|---|---|---|---|---|")
     for kind, point in results.items():
         print(f"| {kind} | {point['seconds']:.1f} | {point['peak_gib']:.2f} | {point['rise_gib']:.2f} | "

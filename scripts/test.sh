@@ -23,4 +23,7 @@ ruff format --check .
 # Tiny models: one intra-op thread per process is fastest, and the multi-process tests (torchrun workers
 # beside pytest) would otherwise oversubscribe the cores. Set OMP_NUM_THREADS to override.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-python -m pytest -q "$@"
+# Two pytest workers (ZEBRA_TEST_WORKERS=0 for one process): most tests are one single-threaded process
+# that waits on imports, subprocesses and disk much of the time. Whole files go to one worker, so a
+# module's fixtures (a trained teacher, a ZeRO-3 run two tests read) are built once.
+python -m pytest -q -n "${ZEBRA_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -4,6 +4,7 @@ import os
 
 import pytest
 import torch
+from reference_flash_attention import reference_fa2  # noqa: F401  (the fixture, for every module)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -39,6 +40,14 @@ def tiny_model_dir(tmp_path_factory):
     from llamafactory_zebra.cli.init_cmd import write_random_model
 
     return write_random_model("tiny", tmp_path_factory.mktemp("zebra") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A random tiny Zebra (seed 3) for one module's end-to-end runs: trained copies go to their own dirs."""
+    from llamafactory_zebra.cli.init_cmd import write_random_model
+
+    return write_random_model("tiny", tmp_path_factory.mktemp("zebra") / "tiny", seed=3)
 
 
 @pytest.fixture(scope="session")

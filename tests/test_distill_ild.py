@@ -11,6 +11,7 @@ from llamafactory_zebra.distill.args import DistillArguments
 from llamafactory_zebra.distill.ild import ild_layer_losses, teacher_forced, teacher_layer_states
 from llamafactory_zebra.distill.teacher import teacher_inputs
 from llamafactory_zebra.distill.trainer import freeze_outside_ild
+from llamafactory_zebra.layers.flash_attention import register_sinkless_flash_attention
 
 
 def ild_loss(student, teacher, batch, kind="l2", layers=None):
@@ -97,3 +98,48 @@ def test_mixers_only_freezes_mlps_norms_and_other_layers():
     trainable = {name for name, p in student.named_parameters() if p.requires_grad}
     assert frozen > 0 and trainable
     assert all(name.startswith(("model.layers.1.mla.", "model.layers.2.gdn.")) for name in trainable), trainable
+
+
+@pytest.fixture
+def sinkless_flash_attention_registered():
+    from transformers.modeling_utils import AttentionInterface
+
+    saved = dict(AttentionInterface._global_mapping)
+    register_sinkless_flash_attention()
+    yield
+    AttentionInterface._global_mapping.clear()
+    AttentionInterface._global_mapping.update(saved)
+
+
+def test_flash_attention_teacher_keeps_packed_samples_apart_in_every_row(
+    reference_fa2, sinkless_flash_attention_registered
+):
+    """FA2 teacher (reference kernel, the attention function ``load_teacher`` registers), two packed rows
+    with padding: each sample's logits equal the sdpa teacher's on that sample alone, and the kernel got
+    every sample's borders."""
+    sdpa = tiny_qwen3(vocab_size=97).to(torch.bfloat16).eval()
+    flash = copy.deepcopy(sdpa)
+    flash.config._attn_implementation = "flash_attention_2"
+    rows = [packed_batch(97, lengths=(7, 9), pad=3, seed=0), packed_batch(97, lengths=(12, 5), pad=2, seed=1)]
+    batch = {key: torch.cat([row[key] for row in rows]) for key in rows[0]}
+    inputs, real = teacher_inputs(batch, torch.bfloat16, flash_attention=True)
+    with torch.no_grad():
+        logits = flash(**inputs).logits.float()
+    assert reference_fa2.dense_calls == 0 and reference_fa2.varlen_calls
+    assert reference_fa2.varlen_calls[0] == [0, 7, 16, 19, 31, 36, 38]
+    assert torch.equal(real, batch["attention_mask"] != 0)
+    for row, lengths in enumerate(((7, 9), (12, 5))):
+        start = 0
+        for length in lengths:
+            alone = batch["input_ids"][row : row + 1, start : start + length]
+            with torch.no_grad():
+                reference = sdpa(input_ids=alone).logits.float()
+            error = (logits[row, start : start + length] - reference[0]).abs().max() / reference.abs().max()
+            assert error < 2e-2, (row, start, float(error))
+            start += length
+    # The check can fail: the same rows with borders from position_ids alone attend across samples.
+    reference_fa2.varlen_calls.clear()
+    with torch.no_grad():
+        leaky = flash(input_ids=batch["input_ids"], position_ids=inputs["position_ids"]).logits.float()
+    second = slice(7, 16)
+    assert (leaky[0, second] - logits[0, second]).abs().max() > 0.1 * logits.abs().max()

@@ -8,6 +8,7 @@ import types
 
 import pytest
 import torch
+from llamafactory_cli import free_port
 
 from llamafactory_zebra.configuration_zebra import ZebraConfig
 from llamafactory_zebra.integration.guards import MIN_WARMUP_STEPS, check_training_setup, training_steps
@@ -295,7 +296,7 @@ def test_llamafactory_get_train_args_with_every_shipped_preset(tmp_path):
         "LOCAL_RANK": "0",
         "LOCAL_WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(free_port()),
         "DISABLE_VERSION_CHECK": "1",
     }
     result = subprocess.run(
@@ -316,11 +317,3 @@ def test_llamafactory_get_train_args_with_every_shipped_preset(tmp_path):
     assert f"{hand_set} has train_micro_batch_size_per_gpu = 4" in error
     assert "fa3 is not supported" in outcomes["fa3"]["error"]
     assert "sequence_parallel_size" in outcomes["sp 2 of 1 rank"]["error"]
-
-
-def _free_port():
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -1,85 +1,24 @@
-"""LLaMA-Factory's own commands (`llamafactory-cli train/export/api`, `ChatModel`) on the tiny Zebra, on CPU.
+"""LLaMA-Factory's own commands (`llamafactory-cli train/export/api`, `ChatModel`) on the tiny Zebra, on CPU,
+in one process (the multi-process DeepSpeed runs are in ``test_llamafactory_deepspeed.py``).
 
 Each run goes through the real CLI in a fresh process, so the import hook — not this test process —
-must activate the plugin there (and in both torchrun workers for the ZeRO-3 run).
+must activate the plugin there.
 """
 
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from llamafactory_cli import BASE_ARGS, assert_loss_falls, free_port, logged_losses, run_cli
 from safetensors.torch import load_file
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-BASE_ARGS = {
-    "stage": "sft",
-    "do_train": True,
-    "dataset": "zebra_demo",
-    "dataset_dir": str(REPO / "examples" / "data"),
-    "template": "zebra",
-    "cutoff_len": 128,
-    "max_samples": 32,
-    "packing": True,
-    "neat_packing": True,
-    "overwrite_cache": True,
-    "preprocessing_num_workers": 1,
-    "dataloader_num_workers": 0,
-    "per_device_train_batch_size": 2,
-    "gradient_accumulation_steps": 1,
-    "learning_rate": 5.0e-3,
-    "lr_scheduler_type": "constant",
-    "max_steps": 6,
-    "logging_steps": 1,
-    "save_strategy": "no",
-    "report_to": "none",
-    "bf16": False,
-    "seed": 7,
-    "enable_liger_kernel": True,
-    "overwrite_output_dir": True,
-}
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from llamafactory_zebra.cli.init_cmd import write_random_model
-
-    return write_random_model("tiny", tmp_path_factory.mktemp("zebra") / "tiny", seed=3)
-
-
-def run_cli(command, args, tmp_path, env=None, timeout=600):
-    config = tmp_path / f"{command}-{len(list(tmp_path.glob('*.yaml')))}.yaml"
-    config.write_text(yaml.safe_dump(args))
-    result = subprocess.run(
-        ["llamafactory-cli", command, str(config)],
-        cwd=tmp_path,
-        env={**os.environ, "DISABLE_VERSION_CHECK": "1", **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    return result.stdout + result.stderr
-
-
-def logged_losses(output_dir):
-    lines = (Path(output_dir) / "trainer_log.jsonl").read_text().splitlines()
-    return {entry["current_steps"]: entry["loss"] for entry in map(json.loads, lines) if "loss" in entry}
-
-
-def assert_loss_falls(losses):
-    steps = sorted(losses)
-    assert len(steps) >= 5
-    assert losses[steps[-1]] < losses[steps[0]] - 0.2, losses
 
 
 def test_full_sft_then_resume_from_a_checkpoint_reaches_the_same_end(tiny_dir, tmp_path):
@@ -159,118 +98,6 @@ def test_freeze_tuning_trains_only_the_last_layers(tiny_dir, tmp_path):
     assert any(".mla." in name or ".gdn." in name for name in changed)
 
 
-def _preset_args(tiny_dir, out, preset, **overrides):
-    return {
-        **BASE_ARGS,
-        "model_name_or_path": str(tiny_dir),
-        "finetuning_type": "full",
-        "output_dir": str(out),
-        "deepspeed": str(REPO / "deepspeed_configs" / f"{preset}.json"),  # as shipped: bf16 "auto" -> fp32 here
-        "per_device_train_batch_size": 1,
-        "max_steps": 5,
-        "ddp_timeout": 600,
-        "tiled_mlp": preset == "ds_z3_bf16",
-        **overrides,
-    }
-
-
-def _two_ranks():
-    return {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2", "MASTER_PORT": str(_free_port())}
-
-
-@pytest.fixture(scope="module")
-def zero3_run(tiny_dir, tmp_path_factory):
-    """One uninterrupted 2-rank ZeRO-3 run, saving every 2 steps: the preset check and the resume reference."""
-    tmp_path = tmp_path_factory.mktemp("zero3")
-    args = _preset_args(
-        tiny_dir, tmp_path / "ds_z3_bf16", "ds_z3_bf16", max_steps=6, save_strategy="steps", save_steps=2
-    )
-    return args, run_cli("train", args, tmp_path, env=_two_ranks())
-
-
-@pytest.mark.parametrize(
-    "preset", ["ds_z3_bf16", "ds_z3_bf16_offload_optimizer", "ds_z3_bf16_offload_all", "ds_z2_bf16"]
-)
-def test_two_processes_with_each_deepspeed_preset_save_every_weight(tiny_dir, tmp_path, preset, request):
-    """The "empty ZeRO-3 save" trap: the saved model must hold every weight, trained, and reload strictly.
-    The preset is used unmodified with the YAML's ``bf16: false`` (CPU): its bf16 "auto" follows the YAML."""
-    if preset == "ds_z3_bf16":
-        args, log = request.getfixturevalue("zero3_run")
-    else:
-        args = _preset_args(tiny_dir, tmp_path / preset, preset)
-        log = run_cli("train", args, tmp_path, env=_two_ranks())
-    out = Path(args["output_dir"])
-    assert ("MLPs run over sequence tiles" in log) == args["tiled_mlp"]
-    for rank in (0, 1):
-        assert f"llamafactory-zebra 0.1.0 active in rank {rank}" in log
-    assert len(logged_losses(out)) == args["max_steps"]
-    initial, saved = load_file(tiny_dir / "model.safetensors"), load_file(out / "model.safetensors")
-    assert saved.keys() == initial.keys()
-    for name, tensor in initial.items():
-        assert saved[name].shape == tensor.shape and torch.isfinite(saved[name]).all(), name
-    assert sum(not torch.equal(saved[n], initial[n]) for n in initial) > len(initial) // 2
-    from llamafactory_zebra import ZebraForCausalLM
-
-    ZebraForCausalLM.from_pretrained(out)  # strict: raises on any missing or unexpected weight
-
-
-def _train_until_then_kill_rank_1(args, tmp_path, saved):
-    """Start a 2-rank run and ``kill -9`` its rank-1 worker as soon as ``saved`` exists."""
-    import psutil
-
-    config = tmp_path / "killed.yaml"
-    config.write_text(yaml.safe_dump(args))
-    env = {**os.environ, "DISABLE_VERSION_CHECK": "1", **_two_ranks()}
-    output = tmp_path / "killed.log"  # a file, not a pipe: an unread pipe fills up and stalls the workers
-    with output.open("w") as sink:
-        launcher = subprocess.Popen(
-            ["llamafactory-cli", "train", str(config)], cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT
-        )
-        try:
-            deadline = time.time() + 600
-            while not saved.exists():
-                assert launcher.poll() is None and time.time() < deadline, output.read_text()[-3000:]
-                time.sleep(0.1)
-            workers = [
-                p
-                for p in psutil.Process(launcher.pid).children(recursive=True)
-                if "launcher.py" in " ".join(p.cmdline())
-            ]
-            (rank_1,) = [p for p in workers if p.environ().get("LOCAL_RANK") == "1"]
-            rank_1.kill()  # SIGKILL, as the OOM killer or a lost node would
-            launcher.wait(timeout=300)
-        finally:
-            if launcher.poll() is None:
-                for process in [*psutil.Process(launcher.pid).children(recursive=True), psutil.Process(launcher.pid)]:
-                    process.kill()
-    assert launcher.returncode != 0
-
-
-def test_zero3_run_killed_between_saves_resumes_with_the_uninterrupted_losses(zero3_run, tmp_path):
-    """``kill -9`` of one rank after checkpoint-2; checkpoint-4, cut short, lacks its trainer state and rank 1's
-    RNG file. Re-running the same YAML (LLaMA-Factory resumes an existing output_dir) must skip that partial
-    save, resume from checkpoint-2 and log the uninterrupted run's losses, step for step (fp32 on CPU:
-    |difference| <= 1e-5)."""
-    reference_args, _ = zero3_run
-    out = tmp_path / "killed"
-    args = {**reference_args, "output_dir": str(out)}
-    _train_until_then_kill_rank_1(args, tmp_path, out / "checkpoint-2" / "trainer_state.json")
-    partial = out / "checkpoint-4"
-    if not partial.exists():  # the kill came before the next save started: leave what a kill during it leaves
-        shutil.copytree(out / "checkpoint-2", partial)
-        (partial / "rng_state_1.pth").unlink()
-    (partial / "trainer_state.json").unlink(missing_ok=True)
-    assert not (out / "checkpoint-6").exists()
-
-    log = run_cli("train", {**args, "overwrite_output_dir": False}, tmp_path, env=_two_ranks())
-    assert f"resuming from {out / 'checkpoint-2'}, the last complete checkpoint" in log
-    resumed, reference = logged_losses(out), logged_losses(reference_args["output_dir"])
-    assert sorted(resumed) == sorted(reference) == list(range(1, 7))
-    for step in range(3, 7):
-        assert resumed[step] == pytest.approx(reference[step], abs=1e-5), (step, resumed, reference)
-    assert (out / "checkpoint-6" / "trainer_state.json").exists()
-
-
 def test_chat_model_answers_one_turn_with_the_hybrid_cache(tiny_dir):
     from llamafactory.chat import ChatModel
 
@@ -282,14 +109,8 @@ def test_chat_model_answers_one_turn_with_the_hybrid_cache(tiny_dir):
     assert type(chat.engine.model).__name__ == "ZebraForCausalLM"
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_openai_api_server_generates(tiny_dir, tmp_path):
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "api.yaml"
     config.write_text(
         yaml.safe_dump(

@@ -125,3 +125,37 @@ def test_a_lora_adapter_on_kv_b_proj_reaches_the_key_scale_and_the_absorbed_deco
         merged_forward = merged(sequence, attention_mask=full_mask).logits
     torch.testing.assert_close(adapter_forward, merged_forward, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(adapter_decode, decode_logits(merged, prompt, mask, steps), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("mla_norm", ["none", "qk_head", "lora"])
+def test_prefill_chunks_longer_than_a_decode_step_match_the_one_shot_forward(mla_norm, attn, monkeypatch):
+    """Chunks of more than ``ABSORBED_DECODE_MAX_QUERIES`` tokens against a cache expand the latents one key
+    head at a time; with left padding and chunk sizes that do not divide the prompt, every real position's
+    logits equal the one-shot forward's and the stock (all heads at once) path's."""
+    from llamafactory_zebra.evaluation.prefill import chunked_prefill
+    from llamafactory_zebra.layers.mla import ABSORBED_DECODE_MAX_QUERIES
+
+    model = perturbed_tiny(attn, mla_norm, True)
+    ids = torch.randint(3, 1000, (3, 61))
+    mask = torch.ones_like(ids)
+    mask[1, :25] = 0  # the first chunk of this row is padding only
+    mask[2, :2] = 0
+    with torch.no_grad():
+        reference = model(ids, attention_mask=mask).logits
+    calls = []
+    original = ZebraMLA.attention_by_key_head
+    monkeypatch.setattr(ZebraMLA, "attention_by_key_head", lambda *a, **k: calls.append(1) or original(*a, **k))
+    for chunk in (ABSORBED_DECODE_MAX_QUERIES + 1, 24):
+        results = {}
+        for absorbed in (True, False):
+            set_absorbed(model, absorbed)
+            pieces: list[torch.Tensor] = []
+            chunked_prefill(model, ids, mask, chunk, on_chunk=lambda start, logits, out=pieces: out.append(logits))
+            results[absorbed] = torch.cat(pieces, dim=1)
+        for row in range(3):
+            real = mask[row] == 1
+            torch.testing.assert_close(results[True][row, real], reference[row, real], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(results[True][row, real], results[False][row, real], atol=1e-5, rtol=1e-5)
+    # After the first chunk: 17, 17 (then 10: a decode-sized step) and 24 (then 13).
+    assert len(calls) == 3 * len(model.config.mla_layers)

@@ -47,24 +47,31 @@ def truncated_svd(matrix: torch.Tensor, rank: int) -> LowRankFactors:
     CPU (a 2048² SVD is most of a conversion's time) — and ``down = U_rᵀ M`` is the exact projection onto
     it. The relative error is measured on the factors — ``‖M − U_r U_rᵀ M‖² = ‖M‖² − ‖down‖²`` for
     orthonormal ``U_r`` (Pythagoras), which spares an ``out × in`` product — and the kept energy comes
-    from the eigenvalues (σ²), so the two are independent estimates of the same Eckart–Young number.
+    from the eigenvalues (σ²) over the Gram matrix's trace (``‖M‖²``), so the two are independent
+    estimates of the same Eckart–Young number.
     """
     work = matrix.to(torch.float64 if matrix.dtype == torch.float64 else torch.float32)
     rows, cols = work.shape
     if rows <= cols:
-        energy, vectors = torch.linalg.eigh(work @ work.T)
-        up = vectors.flip(-1)[:, :rank].contiguous()
+        gram = work @ work.T
+        energy, up = leading_eigenpairs(gram, rank)
     else:
-        energy, vectors = torch.linalg.eigh(work.T @ work)
-        up = torch.linalg.qr(work @ vectors.flip(-1)[:, :rank]).Q
+        gram = work.T @ work
+        energy, vectors = leading_eigenpairs(gram, rank)
+        up = torch.linalg.qr(work @ vectors).Q
     down = up.T @ work
-    energy = energy.flip(0).double().clamp_min(0)
-    total = energy.sum().clamp_min(torch.finfo(torch.float64).tiny)
+    tiny = torch.finfo(torch.float64).tiny
+    total = gram.diagonal().double().sum().clamp_min(tiny)
     squared_norm = work.double().square().sum()
-    lost = (squared_norm - down.double().square().sum()).clamp_min(0) / squared_norm.clamp_min(
-        torch.finfo(torch.float64).tiny
-    )
-    return LowRankFactors(down, up, rank, float(lost.sqrt()), float(energy[:rank].sum() / total))
+    lost = (squared_norm - down.double().square().sum()).clamp_min(0) / squared_norm.clamp_min(tiny)
+    kept = energy.double().clamp_min(0).sum() / total
+    return LowRankFactors(down, up, rank, float(lost.sqrt()), float(kept))
+
+
+def leading_eigenpairs(symmetric: torch.Tensor, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``count`` largest eigenvalues of a symmetric matrix, descending, and their eigenvectors ``[n, count]``."""
+    values, vectors = torch.linalg.eigh(symmetric)
+    return values.flip(0)[:count], vectors.flip(-1)[:, :count].contiguous()
 
 
 def head_dim_order(head_dim: int, rope_dim: int, interleave: bool) -> torch.Tensor:

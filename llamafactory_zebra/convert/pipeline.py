@@ -8,11 +8,12 @@ memory is about one output shard plus one layer, whatever the model size.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,58 +246,71 @@ def _write_model(planner: _Planner, progress: bool) -> ConversionReport:
     )
 
 
-# MLA factorisations waiting for their turn to be written; more would hold more layers in memory.
-MAX_PENDING_FACTORISATIONS = 2
+ATTENTION_TENSORS = ("q", "k", "v", "o", "q_norm", "k_norm")
 
 
 def _convert_layers(
     planner: _Planner, emit, expected: dict[str, tuple[int, ...]], progress: bool
 ) -> list[LayerReport]:
-    """Convert every decoder layer in order, factorising MLA layers on a worker thread.
+    """Convert every decoder layer in order, factorising the MLA layers on worker threads.
 
-    The eigendecompositions (LAPACK, GIL released) then overlap with reading, initialising and writing
-    the GDN layers that follow; at most ``MAX_PENDING_FACTORISATIONS`` MLA layers wait at any time.
+    The factorisations are most of a conversion's CPU time, so all of them are queued before the first
+    layer is written: the workers start at once and their eigendecompositions (LAPACK, GIL released) run
+    beside the reading, GDN initialisation and writing of the other layers instead of after them. One
+    worker per torch thread, each single-threaded: independent layers use the cores better than one
+    multi-threaded ``eigh`` does. The queue holds only the MLA layers' attention weights (a few percent of
+    the model: the MLPs and the embeddings are read when their layer's turn comes), and each result is
+    written as soon as it is ready, so memory stays about one output shard plus a layer per worker.
     """
     shape, config = planner.shape, planner.config
     rows: dict[int, LayerReport] = {}
-    pending: deque[tuple[int, int, Future]] = deque()
+    mla_layers = [index for index in range(shape.num_layers) if config.layer_types[index] == MLA]
 
-    def finish(index: int, base_params: int, future: Future) -> None:
+    def finish(index: int, future: Future) -> None:
         init = future.result()
         for name, tensor in init.weights.items():
             emit(f"model.layers.{index}.mla.{name}", tensor)
         rows[index] = LayerReport(
-            index, MLA, base_params, _layer_params(expected, index),
+            index, MLA, base_params[index], _layer_params(expected, index),
             q_rank=init.q.rank, q_relative_error=init.q.relative_error, q_energy_kept=init.q.energy_kept,
             kv_rank=init.kv.rank, kv_relative_error=init.kv.relative_error, kv_energy_kept=init.kv.energy_kept,
             rope_key_spread=init.rope_key_spread,
         )  # fmt: skip
 
+    base_params = {}
     layers = tqdm(range(shape.num_layers), desc="converting layers", unit="layer", disable=not progress)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mla-factorisation") as factoriser:
+    workers = max(1, min(len(mla_layers), torch.get_num_threads()))
+    with (
+        single_threaded_torch(workers > 1),
+        ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mla-factorisation") as factoriser,
+    ):
+        pending: deque[tuple[int, Future]] = deque()
+        for index in mla_layers:
+            attention = planner.checkpoint.read_layer(index, only=ATTENTION_TENSORS)
+            future = factoriser.submit(
+                init_mla_from_attention,
+                attention,
+                num_heads=shape.num_heads,
+                num_kv_heads=shape.num_kv_heads,
+                mla_kv_heads=config.num_key_value_heads,
+                qk_rope_head_dim=config.qk_rope_head_dim,
+                q_lora_rank=config.q_lora_rank,
+                kv_lora_rank=config.kv_lora_rank,
+                interleave=config.rope_interleave,
+            )
+            pending.append((index, future))
         for index in layers:
             layers.set_postfix_str(config.layer_types[index])
-            tensors = planner.checkpoint.read_layer(index)
-            base_params = sum(t.numel() for t in tensors.values())
+            is_mla = config.layer_types[index] == MLA
+            tensors = planner.checkpoint.read_layer(index, skip=ATTENTION_TENSORS if is_mla else ())
+            base_params[index] = sum(planner.checkpoint.layer_numels(index))
             prefix = f"model.layers.{index}."
             for name in ("input_layernorm", "post_attention_layernorm"):
                 emit(f"{prefix}{name}.weight", tensors[name])
             for name in ("gate_proj", "up_proj", "down_proj"):
                 emit(f"{prefix}mlp.{name}.weight", tensors[name])
-            if config.layer_types[index] == MLA:
-                future = factoriser.submit(
-                    init_mla_from_attention,
-                    tensors,
-                    num_heads=shape.num_heads,
-                    num_kv_heads=shape.num_kv_heads,
-                    mla_kv_heads=config.num_key_value_heads,
-                    qk_rope_head_dim=config.qk_rope_head_dim,
-                    q_lora_rank=config.q_lora_rank,
-                    kv_lora_rank=config.kv_lora_rank,
-                    interleave=config.rope_interleave,
-                )
-                pending.append((index, base_params, future))
-            else:
+            del tensors["gate_proj"], tensors["up_proj"], tensors["down_proj"]
+            if not is_mla:
                 init = init_gdn_from_attention(
                     tensors,
                     config,
@@ -308,12 +322,26 @@ def _convert_layers(
                 for name, tensor in init.weights.items():
                     emit(f"{prefix}gdn.{name}", tensor)
                 copied = {name: f"{kind} 0..{n} of {total}" for name, (kind, n, total) in init.copied.items()}
-                rows[index] = LayerReport(index, GDN, base_params, _layer_params(expected, index), copied=copied)
-            while pending and (pending[0][2].done() or len(pending) > MAX_PENDING_FACTORISATIONS):
+                rows[index] = LayerReport(
+                    index, GDN, base_params[index], _layer_params(expected, index), copied=copied
+                )
+            while pending and pending[0][0] <= index and pending[0][1].done():
                 finish(*pending.popleft())
         while pending:
             finish(*pending.popleft())
     return [rows[index] for index in range(shape.num_layers)]
+
+
+@contextlib.contextmanager
+def single_threaded_torch(enabled: bool) -> Iterator[None]:
+    """One intra-op thread while several workers factorise, so they do not oversubscribe the cores."""
+    threads = torch.get_num_threads()
+    if enabled:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _layer_params(expected: dict[str, tuple[int, ...]], index: int) -> int:

@@ -187,7 +187,17 @@ class BaseCheckpoint:
                     tensors[name] = handle.get_tensor(name)
         return tensors
 
-    def read_layer(self, index: int) -> dict[str, torch.Tensor]:
-        names = layer_tensor_names(self.shape, index)
+    def read_layer(
+        self, index: int, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = ()
+    ) -> dict[str, torch.Tensor]:
+        """One decoder layer's tensors by short name (``q``, ``gate_proj``, …), optionally a subset of them."""
+        names = {
+            short: key
+            for short, key in layer_tensor_names(self.shape, index).items()
+            if (only is None or short in only) and short not in skip
+        }
         tensors = self.read(list(names.values()))
         return {short: tensors[key] for short, key in names.items()}
+
+    def layer_numels(self, index: int) -> list[int]:
+        return [torch.Size(self.shapes[key]).numel() for key in layer_tensor_names(self.shape, index).values()]

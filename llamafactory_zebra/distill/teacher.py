@@ -8,8 +8,11 @@ full size in traffic per step), while a bf16 Qwen3-8B copy is 16 GB per GPU — 
 
 Packed batches: the student (Zebra) reads LLaMA-Factory's neat-packing segment ids from the 2-D mask
 itself; a Transformer teacher would read them as a plain padding mask and attend across samples. The
-teacher gets a 4-D block-diagonal causal mask instead (or, with FlashAttention-2, restarting
-``position_ids`` and no mask, which transformers turns into varlen attention).
+teacher gets a 4-D block-diagonal causal mask instead, or, with FlashAttention-2, the samples' borders
+as FlashAttention's varlen arguments (``cu_seq_lens_q/k``, ``max_length_q/k``, which transformers' FA2
+path takes as keyword arguments) and positions restarting per sample. Restarting ``position_ids`` alone
+would not do: transformers infers borders from them only for a batch of one row, and attends across
+samples in every row of a larger batch.
 """
 
 from __future__ import annotations
@@ -21,14 +24,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..packing import block_causal_mask, packed_segment_ids
+from ..layers.flash_attention import FLASH_ATTENTION_BACKENDS, register_sinkless_flash_attention
+from ..packing import block_causal_mask, cu_seqlens_from_segment_ids, packed_segment_ids, segment_starts
 
 
 def positions_within_segments(segment_ids: torch.Tensor) -> torch.Tensor:
-    """0, 1, 2… restarting at each new segment: what transformers' FlashAttention-2 path reads borders from."""
+    """0, 1, 2… restarting at each new segment: each packed sample's own RoPE positions."""
     index = torch.arange(segment_ids.shape[-1], device=segment_ids.device).expand_as(segment_ids)
-    starts = torch.ones_like(segment_ids, dtype=torch.bool)
-    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    starts = segment_starts(segment_ids)
     return index - torch.where(starts, index, torch.zeros_like(index)).cummax(-1).values
 
 
@@ -55,9 +58,15 @@ def load_teacher(
     trust_remote_code: bool = False,
     hf_deepspeed_config: Any = None,
 ) -> nn.Module:
-    """``AutoModelForCausalLM`` in eval mode on ``device``, every parameter frozen."""
+    """``AutoModelForCausalLM`` in eval mode on ``device``, every parameter frozen.
+
+    With FlashAttention, transformers 5.6.0's own FA function fails on the first forward of any model
+    without attention sinks (``layers/flash_attention.py``); the teacher gets the fixed one.
+    """
     from transformers import AutoModelForCausalLM
 
+    if attn_implementation in FLASH_ATTENTION_BACKENDS:
+        register_sinkless_flash_attention()
     with outside_zero3_init(hf_deepspeed_config):
         teacher = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
@@ -83,7 +92,17 @@ def teacher_inputs(
         return inputs, real
     real = segments != 0
     if flash_attention:
-        return {"input_ids": input_ids, "position_ids": positions_within_segments(segments)}, real
+        cu_seqlens = cu_seqlens_from_segment_ids(segments)
+        max_length = int(cu_seqlens.diff().max())
+        inputs = {
+            "input_ids": input_ids,
+            "position_ids": positions_within_segments(segments),
+            "cu_seq_lens_q": cu_seqlens,
+            "cu_seq_lens_k": cu_seqlens,
+            "max_length_q": max_length,
+            "max_length_k": max_length,
+        }
+        return inputs, real
     visible = block_causal_mask(segments)
     additive = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(
         ~visible, torch.finfo(dtype).min

@@ -7,7 +7,9 @@ unconditionally, so every model without attention sinks — Zebra included — r
 does what that one does for a sink-less model — transpose to FA's ``[B, T, heads, D]`` layout, cast
 fp32 activations back to the weights' dtype, take ``is_causal`` from the module — and hands everything
 else, packing included, to transformers' ``_flash_attention_forward``, which picks the varlen kernel.
-Drop it once the transformers floor is past 5.6.0.
+Zebra's MLA calls it directly; :func:`register_sinkless_flash_attention` puts it behind transformers'
+``AttentionInterface`` for other models loaded in the same process (the distillation teacher). Drop it
+once the transformers floor is past 5.6.0.
 """
 
 from __future__ import annotations
@@ -53,3 +55,35 @@ def flash_attention_forward(
         **kwargs,
     )
     return output, None
+
+
+def register_sinkless_flash_attention() -> None:
+    """Register, through transformers' ``AttentionInterface``, FlashAttention functions that work for models
+    without attention sinks (every Qwen3 and Llama) on transformers 5.6.0.
+
+    Calls that carry sinks (``s_aux``) still go to transformers' own function, so models that have them
+    are unaffected. Only a backend still mapped to transformers' own function is replaced, so a function
+    someone else registered is kept; calling this twice changes nothing.
+    """
+    from transformers.integrations import flash_attention as upstream
+    from transformers.modeling_utils import AttentionInterface
+
+    for backend in FLASH_ATTENTION_BACKENDS:
+        if AttentionInterface._global_mapping.get(backend) is upstream.flash_attention_forward:
+            AttentionInterface.register(backend, _flash_attention_with_upstream_sinks)
+
+
+def _flash_attention_with_upstream_sinks(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    if kwargs.get("s_aux") is not None:
+        from transformers.integrations.flash_attention import flash_attention_forward as upstream_forward
+
+        return upstream_forward(module, query, key, value, attention_mask, **kwargs)
+    kwargs.pop("s_aux", None)
+    return flash_attention_forward(module, query, key, value, attention_mask, **kwargs)

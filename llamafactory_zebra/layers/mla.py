@@ -80,7 +80,8 @@ def interleaved_to_half_split(dim: int) -> list[int]:
 
 
 # Query lengths that take the absorbed path when a cache holds earlier tokens (one-token decode, and the
-# few tokens of assisted/speculative decoding); longer chunks (chunked prefill) expand the latents.
+# few tokens of assisted/speculative decoding); longer chunks (chunked prefill) expand the latents, one
+# key/value head at a time (``attention_by_key_head``).
 ABSORBED_DECODE_MAX_QUERIES = 16
 
 
@@ -144,7 +145,8 @@ class ZebraMLA(nn.Module):
         self.rope_interleave = config.rope_interleave
         self.mla_norm = config.mla_norm
         self.attention_dropout = config.attention_dropout
-        # Off only to measure or test the expanding path against it (benchmarks/bench_decode.py).
+        # Off only to measure or test the stock path against it (benchmarks/bench_decode.py): every new
+        # chunk, a decode step included, then expands all cached latents to every key/value head at once.
         self.absorbed_decode = True
         self.is_causal = True
         self.scaling = self.qk_head_dim**-0.5 * yarn_softmax_mscale(config)
@@ -269,15 +271,17 @@ class ZebraMLA(nn.Module):
                 query_nope, query[..., self.qk_nope_head_dim :], latent, rope_entry, attention_mask
             )
             return self.out_proj(output)
-        if past_length > 0:
-            kv = self.kv_b_proj(latent.squeeze(1))
-        key, value = self.expand(kv, rope_entry)
-
         attention_interface: Callable = eager_attention_forward
         if self.config._attn_implementation in FLASH_ATTENTION_BACKENDS:
             attention_interface = flash_attention_forward
         elif self.config._attn_implementation not in (None, "eager"):
             attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+        if past_length > 0 and self.absorbed_decode and attention_interface is not flash_attention_forward:
+            output = self.attention_by_key_head(attention_interface, query, latent, rope_entry, attention_mask)
+            return self.out_proj(output.reshape(batch, length, -1))
+        if past_length > 0:
+            kv = self.kv_b_proj(latent.squeeze(1))
+        key, value = self.expand(kv, rope_entry)
         if sp_context is not None:
             attention_interface = ulysses_attention(sp_context, attention_interface, self.config._attn_implementation)
         output, _ = attention_interface(
@@ -291,6 +295,43 @@ class ZebraMLA(nn.Module):
             **kwargs,
         )
         return self.out_proj(output.reshape(batch, length, -1))
+
+    def attention_by_key_head(
+        self,
+        attention_interface: Callable,
+        query: torch.Tensor,
+        latent: torch.Tensor,
+        rope_entry: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """A chunk of queries over a long cache, expanding the cached latents one key/value head at a time:
+        ``[B, q, heads, v]``, what ``expand`` + the attention function give.
+
+        ``expand`` holds every cached token as ``kv_heads × (nope + v)`` values, plus the key copy and the
+        attention function's own copies of K and V: at 64K tokens and the released shapes, gigabytes in
+        one layer, so chunked prefill's peak would grow with the context like a one-shot forward's. One
+        head at a time holds a ``1 / kv_heads`` share of it, for the same number of operations.
+        ``query`` is ``[B, heads, q, qk_head_dim]`` (rotated); query head ``h`` reads key head
+        ``h // groups``, as ``repeat_kv`` pairs them.
+        """
+        groups, nope, rope_dim = self.num_key_value_groups, self.qk_nope_head_dim, self.qk_rope_head_dim
+        key_up, value_up = self.up_projection(latent.dtype)
+        latent, rope_entry = latent.squeeze(1), rope_entry.squeeze(1)
+        rope_key = rope_entry[..., :rope_dim]
+        outputs = []
+        for head in range(self.num_key_value_heads):
+            key_nope, head_rope = latent @ key_up[head].T, rope_key
+            if self.mla_norm == MLA_NORM_QK_HEAD:
+                inverse_rms = rope_entry[..., rope_dim + head, None]
+                key_nope = self.k_norm.weight[:nope] * (key_nope * inverse_rms).to(key_nope.dtype)
+                head_rope = (rope_key * inverse_rms).to(key_nope.dtype)
+            key = torch.cat((key_nope, head_rope), dim=-1)[:, None]
+            value = (latent @ value_up[head].T)[:, None]
+            output, _ = attention_interface(
+                self, query[:, head * groups : (head + 1) * groups], key, value, attention_mask, scaling=self.scaling
+            )
+            outputs.append(output)
+        return torch.cat(outputs, dim=2)
 
     def absorbed_attention(
         self,
