@@ -1,6 +1,7 @@
 """Distillation through ``llamafactory-cli train``: a tiny Qwen3 teacher trained here on the demo task, a
 tiny Zebra student; ILD then KD (one process, and two ZeRO-3 ranks) must bring the student's held-out
-KL to the teacher down by a stated factor and its held-out loss down. Bad settings fail at parse time."""
+KL to the teacher down by a stated factor and its held-out loss down, and KD alone must do the first for
+LoRA and freeze students too. Bad settings fail at parse time."""
 
 import json
 from pathlib import Path
@@ -65,6 +66,20 @@ def train_teacher(teacher, tokenizer, steps=40):
     return teacher.eval()
 
 
+def load_student(directory):
+    """The student as the CLI saved it, in fp64: a whole model, or a LoRA adapter on the model it names."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    config = directory / "adapter_config.json"
+    if not config.exists():
+        return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float64).eval()
+    base = AutoModelForCausalLM.from_pretrained(
+        json.loads(config.read_text())["base_model_name_or_path"], dtype=torch.float64
+    )
+    return PeftModel.from_pretrained(base, directory).eval()
+
+
 @torch.no_grad()
 def heldout_kl_and_loss(student_dir, teacher_dir):
     """Mean over held-out response tokens of KL(teacher‖student), and |student CE − teacher CE| (how far the
@@ -73,7 +88,7 @@ def heldout_kl_and_loss(student_dir, teacher_dir):
 
     import llamafactory_zebra  # noqa: F401
 
-    student = AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float64).eval()
+    student = load_student(Path(student_dir))
     teacher = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float64).eval()
     kl = ce = teacher_ce = tokens = 0.0
     for ids, prompt_length in demo_examples(AutoTokenizer.from_pretrained(student_dir), slice(TRAIN_SAMPLES, None)):
@@ -161,6 +176,30 @@ def test_ild_then_kd_on_two_zero3_ranks_lowers_heldout_kl_and_loss(models):
     kl2, ce2 = heldout_kl_and_loss(kd_out, teacher)
     print(f"2 ranks: held-out KL {kl0:.4f} -> {kl2:.4f}; |CE - teacher CE| {ce0:.4f} -> {ce2:.4f}")
     assert kl2 < kl0 / KL_DROP_FACTOR and ce2 < ce0, (kl0, kl2, ce0, ce2)
+
+
+@pytest.mark.parametrize(
+    "tuning",
+    [
+        {"finetuning_type": "lora", "lora_target": "all", "lora_rank": 8},
+        {"finetuning_type": "freeze", "freeze_trainable_layers": 2, "freeze_trainable_modules": "all"},
+    ],
+    ids=["lora", "freeze"],
+)
+def test_kd_trains_lora_and_freeze_students(models, tuning):
+    """KD through the CLI with a LoRA (adapter over all MLA/GDN projections) or freeze student: the KD loss falls
+    and the held-out KL to the teacher drops by a stated factor (loaded as the CLI saved it: an adapter on the
+    student, or the student with its last two layers trained)."""
+    root, teacher, student = models
+    out = root / f"kd-{tuning['finetuning_type']}"
+    kl0, _ = heldout_kl_and_loss(student, teacher)
+    run_cli("train", stage_args(student, out, distill="kd", teacher_model_name_or_path=str(teacher), **tuning), root)
+    assert_falls(log_entries(out), "kd_loss")
+    if tuning["finetuning_type"] == "lora":
+        assert (out / "adapter_config.json").exists() and not (out / "model.safetensors").exists()
+    kl1, _ = heldout_kl_and_loss(out, teacher)
+    print(f"{tuning['finetuning_type']}: held-out KL {kl0:.4f} -> {kl1:.4f}")
+    assert kl1 < kl0 / KL_DROP_FACTOR, (kl0, kl1)
 
 
 @pytest.fixture(scope="module")

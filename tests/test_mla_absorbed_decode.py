@@ -127,15 +127,22 @@ def test_a_lora_adapter_on_kv_b_proj_reaches_the_key_scale_and_the_absorbed_deco
     torch.testing.assert_close(adapter_decode, decode_logits(merged, prompt, mask, steps), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("score_elements", [None, 200], ids=["one-query-block", "query-blocks"])
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("mla_norm", ["none", "qk_head", "lora"])
-def test_prefill_chunks_longer_than_a_decode_step_match_the_one_shot_forward(mla_norm, attn, monkeypatch):
+def test_prefill_chunks_longer_than_a_decode_step_match_the_one_shot_forward(
+    mla_norm, attn, score_elements, monkeypatch
+):
     """Chunks of more than ``ABSORBED_DECODE_MAX_QUERIES`` tokens against a cache expand the latents one key
-    head at a time; with left padding and chunk sizes that do not divide the prompt, every real position's
-    logits equal the one-shot forward's and the stock (all heads at once) path's."""
+    head at a time (and, with a small score budget, go in blocks of 3-8 queries); with left padding and
+    chunk sizes that do not divide the prompt, every real position's logits equal the one-shot forward's
+    and the stock (all heads at once) path's."""
     from llamafactory_zebra.evaluation.prefill import chunked_prefill
+    from llamafactory_zebra.layers import mla
     from llamafactory_zebra.layers.mla import ABSORBED_DECODE_MAX_QUERIES
 
+    if score_elements is not None:
+        monkeypatch.setattr(mla, "CACHED_CHUNK_SCORE_ELEMENTS", score_elements)
     model = perturbed_tiny(attn, mla_norm, True)
     ids = torch.randint(3, 1000, (3, 61))
     mask = torch.ones_like(ids)

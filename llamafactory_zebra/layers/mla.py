@@ -83,6 +83,9 @@ def interleaved_to_half_split(dim: int) -> list[int]:
 # few tokens of assisted/speculative decoding); longer chunks (chunked prefill) expand the latents, one
 # key/value head at a time (``attention_by_key_head``).
 ABSORBED_DECODE_MAX_QUERIES = 16
+# Scores (or mask elements) one attention call of ``attention_by_key_head`` may hold: 2**26 fp32 values are
+# 256 MiB, 1024 queries against 64K cached tokens.
+CACHED_CHUNK_SCORE_ELEMENTS = 2**26
 
 
 def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -311,13 +314,19 @@ class ZebraMLA(nn.Module):
         attention function's own copies of K and V: at 64K tokens and the released shapes, gigabytes in
         one layer, so chunked prefill's peak would grow with the context like a one-shot forward's. One
         head at a time holds a ``1 / kv_heads`` share of it, for the same number of operations.
-        ``query`` is ``[B, heads, q, qk_head_dim]`` (rotated); query head ``h`` reads key head
-        ``h // groups``, as ``repeat_kv`` pairs them.
+        The queries go in blocks of at most ``CACHED_CHUNK_SCORE_ELEMENTS / cached tokens``: sdpa turns a
+        boolean mask into a float one of the same size, and eager builds the scores, so one call for an
+        8K-token chunk over 64K cached tokens would hold 2 GiB of either. ``query`` is
+        ``[B, heads, q, qk_head_dim]`` (rotated); query head ``h`` reads key head ``h // groups``, as
+        ``repeat_kv`` pairs them.
         """
         groups, nope, rope_dim = self.num_key_value_groups, self.qk_nope_head_dim, self.qk_rope_head_dim
         key_up, value_up = self.up_projection(latent.dtype)
         latent, rope_entry = latent.squeeze(1), rope_entry.squeeze(1)
         rope_key = rope_entry[..., :rope_dim]
+        queries = query.shape[2]
+        # Without a mask the attention function reads the block as causal from its first key: one block.
+        block = queries if attention_mask is None else max(1, CACHED_CHUNK_SCORE_ELEMENTS // latent.shape[1])
         outputs = []
         for head in range(self.num_key_value_heads):
             key_nope, head_rope = latent @ key_up[head].T, rope_key
@@ -327,10 +336,15 @@ class ZebraMLA(nn.Module):
                 head_rope = (rope_key * inverse_rms).to(key_nope.dtype)
             key = torch.cat((key_nope, head_rope), dim=-1)[:, None]
             value = (latent @ value_up[head].T)[:, None]
-            output, _ = attention_interface(
-                self, query[:, head * groups : (head + 1) * groups], key, value, attention_mask, scaling=self.scaling
-            )
-            outputs.append(output)
+            head_query = query[:, head * groups : (head + 1) * groups]
+            blocks = []
+            for start in range(0, queries, block):
+                mask = None if attention_mask is None else attention_mask[:, :, start : start + block]
+                output, _ = attention_interface(
+                    self, head_query[:, :, start : start + block], key, value, mask, scaling=self.scaling
+                )
+                blocks.append(output)
+            outputs.append(torch.cat(blocks, dim=1))
         return torch.cat(outputs, dim=2)
 
     def absorbed_attention(
