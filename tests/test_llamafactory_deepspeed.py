@@ -75,7 +75,7 @@ def test_two_processes_with_each_deepspeed_preset_save_every_weight(tiny_dir, tm
 
 
 def _train_until_then_kill_rank_1(args, tmp_path, saved):
-    """Start a 2-rank run and ``kill -9`` its rank-1 worker as soon as ``saved`` exists."""
+    """Start a 2-rank run and ``kill -9`` its rank-1 worker as soon as every path in ``saved`` exists."""
     import psutil
 
     config = tmp_path / "killed.yaml"
@@ -88,7 +88,7 @@ def _train_until_then_kill_rank_1(args, tmp_path, saved):
         )
         try:
             deadline = time.time() + 600
-            while not saved.exists():
+            while not all(path.exists() for path in saved):
                 assert launcher.poll() is None and time.time() < deadline, output.read_text()[-3000:]
                 time.sleep(0.1)
             workers = [
@@ -114,7 +114,9 @@ def test_zero3_run_killed_between_saves_resumes_with_the_uninterrupted_losses(ze
     reference_args, _ = zero3_run
     out = tmp_path / "killed"
     args = {**reference_args, "output_dir": str(out)}
-    _train_until_then_kill_rank_1(args, tmp_path, out / "checkpoint-2" / "trainer_state.json")
+    # Complete means both: rank 0 writes the trainer state, and rank 1 its RNG file, with no barrier between.
+    complete = [out / "checkpoint-2" / name for name in ("trainer_state.json", "rng_state_0.pth", "rng_state_1.pth")]
+    _train_until_then_kill_rank_1(args, tmp_path, complete)
     partial = out / "checkpoint-4"
     if not partial.exists():  # the kill came before the next save started: leave what a kill during it leaves
         shutil.copytree(out / "checkpoint-2", partial)
