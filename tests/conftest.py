@@ -1,12 +1,17 @@
 """Fixtures shared by the test modules: built once per session, read-only for the tests that use them."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 from reference_flash_attention import reference_fa2  # noqa: F401  (the fixture, for every module)
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Every Python process a test starts gets the collector settings of subprocess_gc/sitecustomize.py.
+SUBPROCESS_GC = str(Path(__file__).parent / "subprocess_gc")
+if SUBPROCESS_GC not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [SUBPROCESS_GC, os.environ.get("PYTHONPATH")]))
 
 
 @pytest.fixture(autouse=True)

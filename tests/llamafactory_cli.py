@@ -3,8 +3,10 @@ share, one ``llamafactory-cli`` call in a fresh process, and what its output dir
 
 import json
 import os
+import shutil
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import yaml
@@ -69,3 +71,51 @@ def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def two_ranks():
+    return {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2", "MASTER_PORT": str(free_port())}
+
+
+def train_until_then_kill_rank_1(args, tmp_path, saved, env=None):
+    """Start ``llamafactory-cli train`` on two ranks and ``kill -9`` its rank-1 worker as soon as every path in
+    ``saved`` exists; the launcher must then fail."""
+    import psutil
+
+    config = tmp_path / "killed.yaml"
+    config.write_text(yaml.safe_dump(args))
+    env = {**os.environ, "DISABLE_VERSION_CHECK": "1", **two_ranks(), **(env or {})}
+    output = tmp_path / "killed.log"  # a file, not a pipe: an unread pipe fills up and stalls the workers
+    with output.open("w") as sink:
+        launcher = subprocess.Popen(
+            ["llamafactory-cli", "train", str(config)], cwd=tmp_path, env=env, stdout=sink, stderr=subprocess.STDOUT
+        )
+        try:
+            deadline = time.time() + 600
+            while not all(path.exists() for path in saved):
+                assert launcher.poll() is None and time.time() < deadline, output.read_text()[-3000:]
+                time.sleep(0.1)
+            workers = [
+                p
+                for p in psutil.Process(launcher.pid).children(recursive=True)
+                if "launcher.py" in " ".join(p.cmdline())
+            ]
+            (rank_1,) = [p for p in workers if p.environ().get("LOCAL_RANK") == "1"]
+            rank_1.kill()  # SIGKILL, as the OOM killer or a lost node would
+            launcher.wait(timeout=300)
+        finally:
+            if launcher.poll() is None:
+                for process in [*psutil.Process(launcher.pid).children(recursive=True), psutil.Process(launcher.pid)]:
+                    process.kill()
+    assert launcher.returncode != 0
+
+
+def leave_a_partial_save(output_dir, last_complete, next_save):
+    """What a kill during the save after ``checkpoint-<last_complete>`` leaves: ``checkpoint-<next_save>``
+    without its trainer state or rank 1's RNG file (made from the last complete one if the kill came before
+    that save started)."""
+    partial = Path(output_dir) / f"checkpoint-{next_save}"
+    if not partial.exists():
+        shutil.copytree(Path(output_dir) / f"checkpoint-{last_complete}", partial)
+        (partial / "rng_state_1.pth").unlink()
+    (partial / "trainer_state.json").unlink(missing_ok=True)

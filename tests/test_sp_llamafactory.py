@@ -1,6 +1,8 @@
 """End to end: ``llamafactory-cli train`` with ``sequence_parallel_size: 2`` on two CPU processes (ZeRO-3,
-gloo) logs the same per-step losses as the one-process run of the same YAML, and resumes from a checkpoint
-to the same losses. Uses ``examples/sp/tiny_sp2_zero3_cpu.yaml`` with a freshly written tiny model.
+gloo) logs the same per-step losses as the one-process run of the same YAML, even when one of its ranks is
+killed (``kill -9``) between two saves and the same command is run again: it must resume from the last
+complete checkpoint, not from the save the kill cut short. Uses ``examples/sp/tiny_sp2_zero3_cpu.yaml``
+with a freshly written tiny model.
 """
 
 import json
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from llamafactory_cli import leave_a_partial_save, train_until_then_kill_rank_1
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "sp" / "tiny_sp2_zero3_cpu.yaml"
@@ -38,11 +41,10 @@ def _losses(output_dir: Path) -> dict[int, tuple[float, float]]:
 
 
 @pytest.mark.slow
-def test_sequence_parallel_training_reproduces_one_process_losses_and_resumes(tmp_path, tiny_model_dir):
-    model_dir = tiny_model_dir
+def test_sequence_parallel_training_killed_and_resumed_reproduces_one_process_losses(tmp_path, tiny_model_dir):
     base = yaml.safe_load(EXAMPLE.read_text())
     base.update(
-        model_name_or_path=str(model_dir),
+        model_name_or_path=str(tiny_model_dir),
         dataset_dir=str(ROOT / "examples" / "data"),
         deepspeed=str(ROOT / "examples" / "sp" / "ds_z3_fp32_cpu.json"),
         max_steps=STEPS,
@@ -50,21 +52,24 @@ def test_sequence_parallel_training_reproduces_one_process_losses_and_resumes(tm
     )
     one = {**base, "sequence_parallel_size": 1, "output_dir": str(tmp_path / "sp1")}
     two = {**base, "sequence_parallel_size": 2, "output_dir": str(tmp_path / "sp2")}
-    runs = [(_launch(one, tmp_path / "sp1.yaml", 1, 29611), tmp_path / "sp1.log")]
-    runs.append((_launch(two, tmp_path / "sp2.yaml", 2, 29623), tmp_path / "sp2.log"))
-    for process, log in runs:
-        _wait(process, log)
-    reference, split = _losses(tmp_path / "sp1"), _losses(tmp_path / "sp2")
+    reference_run = _launch(one, tmp_path / "sp1.yaml", 1, 29611)
 
-    resumed = {**two, "resume_from_checkpoint": str(tmp_path / "sp2" / f"checkpoint-{SAVE_AT}")}
-    resumed["overwrite_output_dir"] = False
-    _wait(_launch(resumed, tmp_path / "resume.yaml", 2, 29637), tmp_path / "resume.log")
-    after_resume = _losses(tmp_path / "sp2")
+    # Complete means rank 0's trainer state and both ranks' RNG files: they are written with no barrier between.
+    saved = tmp_path / "sp2" / f"checkpoint-{SAVE_AT}"
+    complete = [saved / name for name in ("trainer_state.json", "rng_state_0.pth", "rng_state_1.pth")]
+    quiet = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    train_until_then_kill_rank_1(two, tmp_path, complete, env=quiet)
+    leave_a_partial_save(tmp_path / "sp2", SAVE_AT, 2 * SAVE_AT)
+    # The same command again (LLaMA-Factory resumes an existing output_dir when it is not overwritten).
+    _wait(_launch({**two, "overwrite_output_dir": False}, tmp_path / "sp2.yaml", 2, 29623), tmp_path / "sp2.log")
+    _wait(reference_run, tmp_path / "sp1.log")
+    reference, resumed = _losses(tmp_path / "sp1"), _losses(tmp_path / "sp2")
 
-    assert sorted(reference) == sorted(split) == list(range(1, STEPS + 1))
+    last_complete = tmp_path / "sp2" / f"checkpoint-{SAVE_AT}"
+    assert f"resuming from {last_complete}, the last complete checkpoint" in (tmp_path / "sp2.log").read_text()
+    assert sorted(reference) == sorted(resumed) == list(range(1, STEPS + 1))
     for step in reference:
-        assert split[step][0] == pytest.approx(reference[step][0], abs=LOSS_TOLERANCE), (step, split, reference)
-        assert split[step][1] == pytest.approx(reference[step][1], rel=1e-3), (step, split, reference)
+        assert resumed[step][0] == pytest.approx(reference[step][0], abs=LOSS_TOLERANCE), (step, resumed, reference)
+        assert resumed[step][1] == pytest.approx(reference[step][1], rel=1e-3), (step, resumed, reference)
     assert len(set(round(loss, 3) for loss, _ in reference.values())) > 3, "training should move the loss"
-    for step in range(SAVE_AT + 1, STEPS + 1):
-        assert after_resume[step][0] == pytest.approx(split[step][0], abs=LOSS_TOLERANCE), (step, after_resume)
+    assert (tmp_path / "sp2" / f"checkpoint-{2 * SAVE_AT}" / "trainer_state.json").exists()
