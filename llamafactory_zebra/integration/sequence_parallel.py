@@ -33,6 +33,7 @@ from .seams import unwrap, upstream, wrap
 SP_KEY = "sequence_parallel_size"
 # LLaMA-Factory ``flash_attn`` values that reach an attention the SP wrapper can keep samples apart in
 # (``auto`` resolves to sdpa for Zebra; ``disabled`` is eager, whose T x T weights no long run affords).
+# ``fa3`` passes here and is refused by the guards (LLaMA-Factory 0.9.5 cannot load Zebra with it).
 SP_ATTENTION = ("auto", "sdpa", "fa2", "fa3")
 UNSUPPORTED_WITH_SP = (
     ("predict_with_generate", "generation"),
