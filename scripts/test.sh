@@ -25,5 +25,5 @@ ruff format --check .
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # Two pytest workers (ZEBRA_TEST_WORKERS=0 for one process): most tests are one single-threaded process
 # that waits on imports, subprocesses and disk much of the time. Whole files go to one worker, so a
-# module's fixtures (a trained teacher, a ZeRO-3 run two tests read) are built once.
+# module's fixtures (the trained distillation teacher, the converted models) are built once.
 python -m pytest -q -n "${ZEBRA_TEST_WORKERS:-2}" --dist loadfile "$@"

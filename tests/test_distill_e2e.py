@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 from distill_helpers import tiny_qwen3, zebra_student_like
-from llamafactory_cli import BASE_ARGS, free_port, run_cli
+from llamafactory_cli import BASE_ARGS, run_cli, two_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -166,7 +166,7 @@ def test_ild_then_kd_single_process_lowers_heldout_kl_and_loss(models):
 def test_ild_then_kd_on_two_zero3_ranks_lowers_heldout_kl_and_loss(models):
     root, teacher, student = models
     kl0, ce0 = heldout_kl_and_loss(student, teacher)
-    env = {"FORCE_TORCHRUN": "1", "NPROC_PER_NODE": "2", "MASTER_PORT": str(free_port())}
+    env = two_ranks()
     extra = {"deepspeed": str(ZERO3_PRESET), "per_device_train_batch_size": 1, "ddp_timeout": 600}
     log, ild_out, kd_out = ild_then_kd(root, "zero3", teacher, student, env=env, **extra)
     for rank in (0, 1):

@@ -271,13 +271,12 @@ def _convert_layers(
         for name, tensor in init.weights.items():
             emit(f"model.layers.{index}.mla.{name}", tensor)
         rows[index] = LayerReport(
-            index, MLA, base_params[index], _layer_params(expected, index),
+            index, MLA, planner.checkpoint.layer_numel(index), _layer_params(expected, index),
             q_rank=init.q.rank, q_relative_error=init.q.relative_error, q_energy_kept=init.q.energy_kept,
             kv_rank=init.kv.rank, kv_relative_error=init.kv.relative_error, kv_energy_kept=init.kv.energy_kept,
             rope_key_spread=init.rope_key_spread,
         )  # fmt: skip
 
-    base_params = {}
     layers = tqdm(range(shape.num_layers), desc="converting layers", unit="layer", disable=not progress)
     workers = max(1, min(len(mla_layers), torch.get_num_threads()))
     with (
@@ -303,7 +302,6 @@ def _convert_layers(
             layers.set_postfix_str(config.layer_types[index])
             is_mla = config.layer_types[index] == MLA
             tensors = planner.checkpoint.read_layer(index, skip=ATTENTION_TENSORS if is_mla else ())
-            base_params[index] = sum(planner.checkpoint.layer_numels(index))
             prefix = f"model.layers.{index}."
             for name in ("input_layernorm", "post_attention_layernorm"):
                 emit(f"{prefix}{name}.weight", tensors[name])
@@ -323,7 +321,7 @@ def _convert_layers(
                     emit(f"{prefix}gdn.{name}", tensor)
                 copied = {name: f"{kind} 0..{n} of {total}" for name, (kind, n, total) in init.copied.items()}
                 rows[index] = LayerReport(
-                    index, GDN, base_params[index], _layer_params(expected, index), copied=copied
+                    index, GDN, planner.checkpoint.layer_numel(index), _layer_params(expected, index), copied=copied
                 )
             while pending and pending[0][0] <= index and pending[0][1].done():
                 finish(*pending.popleft())

@@ -199,5 +199,6 @@ class BaseCheckpoint:
         tensors = self.read(list(names.values()))
         return {short: tensors[key] for short, key in names.items()}
 
-    def layer_numels(self, index: int) -> list[int]:
-        return [torch.Size(self.shapes[key]).numel() for key in layer_tensor_names(self.shape, index).values()]
+    def layer_numel(self, index: int) -> int:
+        """Parameters of one base decoder layer, from the headers (no tensor is read)."""
+        return sum(torch.Size(self.shapes[key]).numel() for key in layer_tensor_names(self.shape, index).values())
