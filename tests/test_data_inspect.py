@@ -19,8 +19,8 @@ from llamafactory.hparams import DataArguments
 from llamafactory_zebra.cli.main import main
 from llamafactory_zebra.data.inspection import inspect_training_data, load_train_arguments, mixture_order
 from llamafactory_zebra.data.report_arithmetic import count_packs, length_summary, map_batches
+from llamafactory_zebra.hparams.training_steps import optimizer_steps_per_epoch
 from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
-from llamafactory_zebra.training_steps import optimizer_steps_per_epoch
 
 FIXTURES = Path(__file__).parent / "fixtures" / "datasets"
 pytestmark = pytest.mark.usefixtures("dataset_seams")

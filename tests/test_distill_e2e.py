@@ -256,11 +256,12 @@ def test_bad_distill_settings_fail_while_parsing_before_any_data(untrained, extr
 
 
 def test_valid_settings_parse_and_the_shipped_examples_use_known_keys(untrained):
-    from llamafactory_zebra.distill.args import pop_distill_args
+    from llamafactory_zebra.hparams import pop_zebra_arguments, zebra_arguments
 
     *_, finetuning_args, _ = parse(untrained, kd_temperature=2.0, kd_reverse_kl=True)
-    assert finetuning_args.distill.kd_temperature == 2.0 and finetuning_args.distill.kd_reverse_kl
+    distill = zebra_arguments(finetuning_args)
+    assert distill.kd_temperature == 2.0 and distill.kd_reverse_kl
     for name, mode in (("distill_ild.yaml", "ild"), ("distill_kd.yaml", "kd")):
-        rest, distill = pop_distill_args(yaml.safe_load((REPO / "examples" / name).read_text()))
+        rest, distill = pop_zebra_arguments(yaml.safe_load((REPO / "examples" / name).read_text()))
         assert distill.distill == mode and distill.teacher_model_name_or_path
         assert rest["stage"] == "sft" and not any(key.startswith(("kd_", "ild_")) for key in rest)

@@ -7,10 +7,10 @@ import torch
 from distill_helpers import tiny_qwen3, zebra_student_like
 from zebra_helpers import tiny_model
 
-from llamafactory_zebra.distill.args import DistillArguments
 from llamafactory_zebra.distill.ild import ild_layer_losses, teacher_forced, teacher_layer_states
 from llamafactory_zebra.distill.teacher import teacher_inputs
 from llamafactory_zebra.distill.trainer import freeze_outside_ild
+from llamafactory_zebra.hparams import ZebraArguments
 from llamafactory_zebra.layers.flash_attention import register_sinkless_flash_attention
 
 
@@ -94,7 +94,7 @@ def test_packed_samples_stay_apart_in_teacher_and_student():
 
 def test_mixers_only_freezes_mlps_norms_and_other_layers():
     student = zebra_student_like(tiny_qwen3(vocab_size=97))
-    frozen = freeze_outside_ild(student, DistillArguments(distill="ild", ild_layers=[1, 2], ild_trainable="mixers"))
+    frozen = freeze_outside_ild(student, ZebraArguments(distill="ild", ild_layers=[1, 2], ild_trainable="mixers"))
     trainable = {name for name, p in student.named_parameters() if p.requires_grad}
     assert frozen > 0 and trainable
     assert all(name.startswith(("model.layers.1.mla.", "model.layers.2.gdn.")) for name in trainable), trainable

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
+from llamafactory_zebra.hparams import pop_zebra_arguments
 from llamafactory_zebra.integration.sequence_parallel import (
     check_sequence_parallel_setup,
     deepspeed_config_for_sequence_parallel,
-    pop_sequence_parallel_size,
 )
 from llamafactory_zebra.parallel import (
     SequenceParallelLayout,
@@ -35,13 +35,14 @@ def layout(rank: int, size: int) -> SequenceParallelLayout:
     ],
 )
 def test_sequence_parallel_key_leaves_the_arguments(args, rest, size):
-    assert pop_sequence_parallel_size(args) == (rest, size)
+    remaining, parsed = pop_zebra_arguments(args)
+    assert (remaining, parsed.sequence_parallel_size) == (rest, size)
 
 
 @pytest.mark.parametrize("value", ["two", 0, 1.5, -2, None])
 def test_bad_sequence_parallel_size_names_the_key(value):
     with pytest.raises(ValueError, match="sequence_parallel_size must be a positive integer"):
-        pop_sequence_parallel_size({"sequence_parallel_size": value})
+        pop_zebra_arguments({"sequence_parallel_size": value})
 
 
 def setup(**changes):

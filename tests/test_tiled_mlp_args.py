@@ -2,7 +2,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from llamafactory_zebra.integration.tiled_mlp import check_tiled_mlp_setup, pop_tiled_mlp
+from llamafactory_zebra.hparams import pop_zebra_arguments
+from llamafactory_zebra.integration.tiled_mlp import check_tiled_mlp_setup
+
+
+def pop_tiled_mlp(args):
+    rest, parsed = pop_zebra_arguments(args)
+    return rest, parsed.tiled_mlp
 
 
 def test_tiled_mlp_key_leaves_the_arguments_llamafactory_parses():

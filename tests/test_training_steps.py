@@ -8,7 +8,11 @@ from accelerate.data_loader import prepare_data_loader
 from torch.utils.data import DataLoader
 from transformers import Trainer
 
-from llamafactory_zebra.training_steps import batches_per_rank, optimizer_steps_per_epoch, total_optimizer_steps
+from llamafactory_zebra.hparams.training_steps import (
+    batches_per_rank,
+    optimizer_steps_per_epoch,
+    total_optimizer_steps,
+)
 
 
 def _accelerate_batches(examples: int, batch: int, ranks: int, drop_last: bool) -> list[int]:

@@ -38,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..planning.training_yaml import setup_from_yaml
+    from ..planning.yaml_setup import setup_from_yaml
 
     try:
         memory, label = gpu_memory_bytes(args.gpu_type, args.gpu_memory)

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..training_steps import optimizer_steps_per_epoch, total_optimizer_steps
+from ..hparams import ZebraArguments, optimizer_steps_per_epoch, total_optimizer_steps
 from .report_arithmetic import count_packs, length_summary, map_batches
 from .row_policy import SKIP_ATTRIBUTE
 from .validation import DROP_REASON_COLUMN, split_reason
@@ -84,9 +84,9 @@ class InspectReport:
         }
 
 
-def load_train_arguments(config_path: str) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+def load_train_arguments(config_path: str) -> tuple[Any, Any, Any, Any, ZebraArguments]:
     """(model, data, training, finetuning) arguments from a training YAML, parsed as LLaMA-Factory does,
-    plus the raw mapping (for keys other plugins add, such as ``sequence_parallel_size``).
+    plus this plugin's keys (``hparams.ZebraArguments``, e.g. ``sequence_parallel_size``).
 
     Keys of other plugins are tolerated; launcher keys (DeepSpeed/FSDP) are ignored, and
     ``output_dir`` may be missing: inspection writes nothing there.
@@ -100,9 +100,9 @@ def load_train_arguments(config_path: str) -> tuple[Any, Any, Any, Any, dict[str
     )
     from transformers import HfArgumentParser
 
-    from ..training_yaml import read_training_yaml
+    from ..hparams import pop_zebra_arguments, read_training_yaml
 
-    raw = read_training_yaml(config_path)
+    raw, zebra = pop_zebra_arguments(read_training_yaml(config_path))
     for key in LAUNCH_ONLY_KEYS:
         raw.pop(key, None)
     raw["report_to"] = "none"
@@ -114,7 +114,7 @@ def load_train_arguments(config_path: str) -> tuple[Any, Any, Any, Any, dict[str
         raise ValueError(f"{config_path}: data inspect reports SFT data; stage is {finetuning_args.stage!r}")
     if not data_args.dataset:
         raise ValueError(f"{config_path}: no `dataset:` to inspect")
-    return model_args, data_args, training_args, finetuning_args, raw
+    return model_args, data_args, training_args, finetuning_args, zebra
 
 
 def data_parallel_size(world_size: int | None, sequence_parallel_size: int) -> int:
@@ -308,8 +308,8 @@ def load_inputs(config_path: str, max_rows: int | None, world_size: int | None) 
 
     from ..integration.datasets import install_dataset_seams
 
-    model_args, data_args, training_args, _, raw = load_train_arguments(config_path)
-    sequence_parallel = int(raw.get("sequence_parallel_size") or 1)
+    model_args, data_args, training_args, _, zebra = load_train_arguments(config_path)
+    sequence_parallel = zebra.sequence_parallel_size
     data_parallel = data_parallel_size(world_size, sequence_parallel)
     install_dataset_seams()
     transformers.set_seed(training_args.seed)

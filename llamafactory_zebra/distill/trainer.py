@@ -13,31 +13,33 @@ change:
   documented switch for custom losses).
 - ``log``: ``kd_loss``, ``ce_loss`` (student cross-entropy on the labels, per target token) or
   ``ild_loss_{i}`` per layer, averaged over the logging window and all ranks, join ``loss`` in
-  ``log_history`` (hence ``trainer_state.json``, ``trainer_log.jsonl`` and the loss plots).
+  ``log_history`` (hence ``trainer_state.json``, ``trainer_log.jsonl`` and the loss plots). They are
+  summed on the device and read once per log (``metrics.LossParts``), as the Trainer does with its loss.
+
+``training.py``'s wrapper of the SFT workflow's ``CustomSeq2SeqTrainer`` builds :class:`DistillTrainer`
+when ``distill`` is set; LLaMA-Factory's trainer is imported here, so this module is imported only then.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 import torch
+from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
 
+from ..hparams import ZebraArguments, zebra_arguments
 from ..loss import IGNORE_INDEX, liger_can_run, shifted_targets
-from .args import DistillArguments
 from .ild import LayerHooks, decoder_layers, ild_layer_losses, teacher_layer_states
 from .kd_loss import kd_loss_sums
+from .metrics import METRIC_PREFIXES, MICRO_BATCHES, TOKENS, LossParts
 from .teacher import load_teacher, teacher_inputs
-
-# Logged distillation metrics: kd_loss, ce_loss, ild_loss_{layer}.
-METRIC_PREFIXES = ("kd_loss", "ce_loss", "ild_loss_")
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def freeze_outside_ild(model: torch.nn.Module, distill: DistillArguments) -> int:
+def freeze_outside_ild(model: torch.nn.Module, distill: ZebraArguments) -> int:
     """Stop training what ILD gives no signal to (embeddings, final norm, lm_head, layers not in
     ``ild_layers``, and with ``ild_trainable: mixers`` the MLPs and norms). Returns how many tensors froze.
 
@@ -57,143 +59,129 @@ def freeze_outside_ild(model: torch.nn.Module, distill: DistillArguments) -> int
     return frozen
 
 
-def distill_trainer(base: type) -> type:
-    """Subclass LLaMA-Factory's ``CustomSeq2SeqTrainer`` (``base``) for ``finetuning_args.distill``."""
+class DistillTrainer(CustomSeq2SeqTrainer):
+    """LLaMA-Factory's SFT trainer with the loss of ``distill: kd | ild`` (see the module doc)."""
 
-    class DistillTrainer(base):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            self.distill: DistillArguments = self.finetuning_args.distill
-            student = _unwrapped(self.model)
-            if getattr(student.config, "model_type", None) != "zebra":
-                raise ValueError("distillation is implemented for Zebra students (the loss runs in their forward)")
-            attention = getattr(student.config, "_attn_implementation", None) or "sdpa"
-            self.teacher_flash_attention = attention.startswith("flash_attention")
-            dtype = torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else torch.float32
-            self.teacher = load_teacher(
-                self.distill.teacher_model_name_or_path,
-                device=self.args.device,
-                dtype=dtype,
-                attn_implementation=attention
-                if attention in ("eager", "sdpa") or self.teacher_flash_attention
-                else "sdpa",
-                trust_remote_code=self.distill.trust_remote_code,
-                hf_deepspeed_config=getattr(self.args, "hf_deepspeed_config", None),
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.distill: ZebraArguments = zebra_arguments(self.finetuning_args)
+        student = _unwrapped(self.model)
+        if getattr(student.config, "model_type", None) != "zebra":
+            raise ValueError("distillation is implemented for Zebra students (the loss runs in their forward)")
+        attention = getattr(student.config, "_attn_implementation", None) or "sdpa"
+        self.teacher_flash_attention = attention.startswith("flash_attention")
+        dtype = torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else torch.float32
+        self.teacher = load_teacher(
+            self.distill.teacher_model_name_or_path,
+            device=self.args.device,
+            dtype=dtype,
+            attn_implementation=attention
+            if attention in ("eager", "sdpa") or self.teacher_flash_attention
+            else "sdpa",
+            trust_remote_code=self.distill.trust_remote_code,
+            hf_deepspeed_config=getattr(self.args, "hf_deepspeed_config", None),
+        )
+        self.kd_backend = "liger" if liger_can_run() and self.args.device.type == "cuda" else "chunked"
+        self.loss_parts = LossParts()
+        if self.distill.distill == "ild":
+            self.model_accepts_loss_kwargs = False
+            frozen = freeze_outside_ild(student, self.distill)
+            self.teacher_forcing: LayerHooks | None = None
+            self._log(f"ILD: {frozen} parameter tensors frozen (no ILD signal reaches them)")
+            if getattr(student, "is_gradient_checkpointing", False):
+                # Reentrant checkpointing runs the first forward without a graph, which would cut the
+                # mixer-output term; non-reentrant recomputes one layer at a time in backward.
+                student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._log(
+            f"distill: {self.distill.distill} from {self.distill.teacher_model_name_or_path} "
+            f"(teacher replicated on each rank, {dtype}, frozen; KD backend {self.kd_backend})"
+        )
+
+    def _log(self, message: str) -> None:
+        from llamafactory.extras import logging
+
+        logging.get_logger("llamafactory.zebra").info_rank0(f"llamafactory-zebra: {message}")
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        inputs = dict(inputs)
+        labels = inputs.pop("labels")
+        batch_inputs, real_tokens = teacher_inputs(inputs, self.teacher.dtype, self.teacher_flash_attention)
+        if self.distill.distill == "ild":
+            return self._ild_loss(model, inputs, batch_inputs, real_tokens, return_outputs)
+        return self._kd_loss(model, inputs, batch_inputs, labels, return_outputs, num_items_in_batch)
+
+    def _kd_loss(self, model, inputs, batch_inputs, labels, return_outputs, num_items_in_batch):
+        with torch.no_grad():
+            teacher_hidden = self.teacher.get_decoder()(**batch_inputs, use_cache=False).last_hidden_state
+        teacher_weight = self.teacher.get_output_embeddings().weight
+        targets = shifted_targets(labels, inputs.pop("shift_labels", None)).reshape(-1)
+        distill, parts = self.distill, self.loss_parts
+
+        def head_loss(hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+            total, kd, ce = kd_loss_sums(
+                hidden.reshape(-1, hidden.shape[-1]),
+                lm_head_weight,
+                teacher_hidden.reshape(-1, teacher_hidden.shape[-1]),
+                teacher_weight,
+                targets.to(hidden.device),
+                temperature=distill.kd_temperature,
+                reverse=distill.kd_reverse_kl,
+                kl_weight=distill.kd_kl_weight,
+                ce_weight=distill.kd_ce_weight,
+                backend=self.kd_backend,
             )
-            self.kd_backend = "liger" if liger_can_run() and self.args.device.type == "cuda" else "chunked"
-            self.distill_sums: dict[str, torch.Tensor] = defaultdict(lambda: torch.zeros((), dtype=torch.float64))
-            if self.distill.distill == "ild":
-                self.model_accepts_loss_kwargs = False
-                frozen = freeze_outside_ild(student, self.distill)
-                self.teacher_forcing: LayerHooks | None = None
-                self._log(f"ILD: {frozen} parameter tensors frozen (no ILD signal reaches them)")
-                if getattr(student, "is_gradient_checkpointing", False):
-                    # Reentrant checkpointing runs the first forward without a graph, which would cut the
-                    # mixer-output term; non-reentrant recomputes one layer at a time in backward.
-                    student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            self._log(
-                f"distill: {self.distill.distill} from {self.distill.teacher_model_name_or_path} "
-                f"(teacher replicated on each rank, {dtype}, frozen; KD backend {self.kd_backend})"
-            )
+            count = (targets != IGNORE_INDEX).sum()
+            parts.add("kd_loss", kd)
+            if ce is not None:
+                parts.add("ce_loss", ce)
+            parts.add(TOKENS, count)
+            denominator = num_items_in_batch if num_items_in_batch is not None else count.clamp_min(1)
+            if torch.is_tensor(denominator):
+                denominator = denominator.to(total.device)
+            return total / denominator
 
-        def _log(self, message: str) -> None:
-            from llamafactory.extras import logging
+        inputs["head_loss_fn"] = head_loss
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
-            logging.get_logger("llamafactory.zebra").info_rank0(f"llamafactory-zebra: {message}")
+    def _ild_loss(self, model, inputs, batch_inputs, real_tokens, return_outputs):
+        teacher = teacher_layer_states(self.teacher, **batch_inputs)
+        layers = list(range(len(teacher.outputs))) if self.distill.ild_layers is None else self.distill.ild_layers
+        if self.teacher_forcing is None:
+            # Installed once (a checkpointed layer re-runs in backward and must get the same teacher input),
+            # at the first step: after DeepSpeed's ZeRO-3 hooks, so the outputs recorded are the ones its
+            # backward hooks are attached to.
+            student = _unwrapped(self.accelerator.unwrap_model(model))
+            self.teacher_forcing = LayerHooks(decoder_layers(student), record_inputs=False)
+        recorded = self.teacher_forcing.start(teacher)
+        parts = self.loss_parts
 
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            inputs = dict(inputs)
-            labels = inputs.pop("labels")
-            batch_inputs, real_tokens = teacher_inputs(inputs, self.teacher.dtype, self.teacher_flash_attention)
-            if self.distill.distill == "ild":
-                return self._ild_loss(model, inputs, batch_inputs, real_tokens, return_outputs)
-            return self._kd_loss(model, inputs, batch_inputs, labels, return_outputs, num_items_in_batch)
+        def head_loss(hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
+            losses = ild_layer_losses(recorded, teacher, layers, real_tokens, self.distill.ild_loss)
+            for index, value in losses.items():
+                parts.add(f"ild_loss_{index}", value)
+            parts.add(MICRO_BATCHES, torch.ones((), device=hidden.device))
+            return torch.stack(list(losses.values())).sum()
 
-        def _kd_loss(self, model, inputs, batch_inputs, labels, return_outputs, num_items_in_batch):
-            with torch.no_grad():
-                teacher_hidden = self.teacher.get_decoder()(**batch_inputs, use_cache=False).last_hidden_state
-            teacher_weight = self.teacher.get_output_embeddings().weight
-            targets = shifted_targets(labels, inputs.pop("shift_labels", None)).reshape(-1)
-            distill, sums = self.distill, self.distill_sums
+        inputs["head_loss_fn"] = head_loss
+        return super().compute_loss(model, inputs, return_outputs)
 
-            def head_loss(hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
-                total, kd, ce = kd_loss_sums(
-                    hidden.reshape(-1, hidden.shape[-1]),
-                    lm_head_weight,
-                    teacher_hidden.reshape(-1, teacher_hidden.shape[-1]),
-                    teacher_weight,
-                    targets.to(hidden.device),
-                    temperature=distill.kd_temperature,
-                    reverse=distill.kd_reverse_kl,
-                    kl_weight=distill.kd_kl_weight,
-                    ce_weight=distill.kd_ce_weight,
-                    backend=self.kd_backend,
-                )
-                count = (targets != IGNORE_INDEX).sum()
-                sums["kd_loss"] += kd.double().cpu()
-                if ce is not None:
-                    sums["ce_loss"] += ce.double().cpu()
-                sums["tokens"] += count.double().cpu()
-                denominator = num_items_in_batch if num_items_in_batch is not None else count.clamp_min(1)
-                if torch.is_tensor(denominator):
-                    denominator = denominator.to(total.device)
-                return total / denominator
+    def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        try:
+            return super().training_step(*args, **kwargs)
+        finally:
+            if self.distill.distill == "ild" and self.teacher_forcing is not None:
+                self.teacher_forcing.stop()  # after backward: drop this step's teacher states
 
-            inputs["head_loss_fn"] = head_loss
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+    def save_state(self) -> None:
+        """After SFT's own ``training_loss.png``, one plot per distillation metric (``plot_loss: true``)."""
+        super().save_state()
+        if self.is_world_process_zero() and self.finetuning_args.plot_loss:
+            from llamafactory.extras.ploting import plot_loss
 
-        def _ild_loss(self, model, inputs, batch_inputs, real_tokens, return_outputs):
-            teacher = teacher_layer_states(self.teacher, **batch_inputs)
-            layers = list(range(len(teacher.outputs))) if self.distill.ild_layers is None else self.distill.ild_layers
-            if self.teacher_forcing is None:
-                # Installed once (a checkpointed layer re-runs in backward and must get the same teacher input),
-                # at the first step: after DeepSpeed's ZeRO-3 hooks, so the outputs recorded are the ones its
-                # backward hooks are attached to.
-                student = _unwrapped(self.accelerator.unwrap_model(model))
-                self.teacher_forcing = LayerHooks(decoder_layers(student), record_inputs=False)
-            recorded = self.teacher_forcing.start(teacher)
-            sums = self.distill_sums
+            keys = sorted({k for entry in self.state.log_history for k in entry if k.startswith(METRIC_PREFIXES)})
+            plot_loss(self.args.output_dir, keys=keys)
 
-            def head_loss(hidden: torch.Tensor, lm_head_weight: torch.Tensor) -> torch.Tensor:
-                losses = ild_layer_losses(recorded, teacher, layers, real_tokens, self.distill.ild_loss)
-                for index, value in losses.items():
-                    sums[f"ild_loss_{index}"] += value.detach().double().cpu()
-                sums["micro_batches"] += 1
-                return torch.stack(list(losses.values())).sum()
-
-            inputs["head_loss_fn"] = head_loss
-            return super().compute_loss(model, inputs, return_outputs)
-
-        def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-            try:
-                return super().training_step(*args, **kwargs)
-            finally:
-                if self.distill.distill == "ild" and self.teacher_forcing is not None:
-                    self.teacher_forcing.stop()  # after backward: drop this step's teacher states
-
-        def save_state(self) -> None:
-            """After SFT's own ``training_loss.png``, one plot per distillation metric (``plot_loss: true``)."""
-            super().save_state()
-            if self.is_world_process_zero() and self.finetuning_args.plot_loss:
-                from llamafactory.extras.ploting import plot_loss
-
-                keys = sorted({k for entry in self.state.log_history for k in entry if k.startswith(METRIC_PREFIXES)})
-                plot_loss(self.args.output_dir, keys=keys)
-
-        def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
-            if "loss" in logs and self.distill_sums:
-                names = sorted(self.distill_sums)
-                local = torch.stack([self.distill_sums[name] for name in names]).to(self.args.device)
-                totals = dict(zip(names, self.accelerator.reduce(local, reduction="sum").tolist(), strict=True))
-                if "tokens" in totals:
-                    tokens = max(totals.pop("tokens"), 1.0)
-                    logs.update({name: round(value / tokens, 6) for name, value in totals.items()})
-                else:
-                    batches = max(totals.pop("micro_batches"), 1.0)
-                    per_layer = {name: round(value / batches, 6) for name, value in totals.items()}
-                    logs.update(dict(sorted(per_layer.items(), key=lambda item: int(item[0].rsplit("_", 1)[1]))))
-                self.distill_sums.clear()
-            super().log(logs, *args, **kwargs)
-
-    DistillTrainer.__name__ = DistillTrainer.__qualname__ = f"Distill{base.__name__}"
-    return DistillTrainer
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        if "loss" in logs and self.loss_parts:
+            logs.update(self.loss_parts.take(self.accelerator, self.args.device))
+        super().log(logs, *args, **kwargs)

@@ -2,12 +2,11 @@
 seams call, and the one wrapper distillation adds on its own.
 
 - ``hparams.parser.get_train_args`` (``training.py``'s one wrapper): the distillation keys leave the
-  arguments before LLaMA-Factory parses them (``distill.args.pop_distill_args``), are checked (stage, teacher path,
-  vocabulary, weights, ILD shapes, no SP / tiled MLP) before any data is loaded, and are stored as
-  ``finetuning_args.distill`` (:func:`distill_step`).
+  arguments with the plugin's other keys before LLaMA-Factory parses them (``hparams.ZebraArguments``,
+  stored on ``finetuning_args``) and are checked (stage, teacher path, vocabulary, weights, ILD shapes,
+  no SP / tiled MLP) before any data is loaded (:func:`distill_step`).
 - ``train.sft.workflow.CustomSeq2SeqTrainer`` (wrapped in ``training.py``): ``run_sft`` builds
-  :func:`distill.trainer.distill_trainer`'s subclass of LLaMA-Factory's trainer when
-  ``finetuning_args.distill`` is set.
+  ``distill.trainer.DistillTrainer`` when ``distill`` is set.
 - ``train.callbacks.LogCallback.on_log``, during distillation only: LLaMA-Factory writes a fixed set of
   keys to ``trainer_log.jsonl``; the wrapper adds the distillation metrics of the same log entry.
 """
@@ -18,16 +17,17 @@ import functools
 from types import ModuleType
 from typing import Any
 
-from ..distill.args import DistillArguments, check_distill_setup
-from ..distill.trainer import METRIC_PREFIXES
+from ..distill.checks import check_distill_setup
+from ..distill.metrics import METRIC_PREFIXES
+from ..hparams import ZebraArguments
 from .seams import is_wrapped, upstream, wrap
 
 
-def distill_step(distill: DistillArguments | None, parsed: tuple[Any, ...], logger: Any) -> None:
-    """Store ``distill`` on ``finetuning_args`` and check it (after the SP and tiled-MLP steps stored theirs)."""
+def distill_step(distill: ZebraArguments, parsed: tuple[Any, ...], logger: Any) -> None:
+    """Check the distillation keys when ``distill`` is set, and keep the student's ``trust_remote_code`` for
+    loading the teacher."""
     model_args, _, _, finetuning_args, _ = parsed
-    finetuning_args.distill = distill
-    if distill is None:
+    if not distill.distilling:
         return
     check_distill_setup(distill, model_args, finetuning_args)
     distill.trust_remote_code = bool(model_args.trust_remote_code)
@@ -37,7 +37,7 @@ def distill_step(distill: DistillArguments | None, parsed: tuple[Any, ...], logg
     logger.info_rank0(f"llamafactory-zebra: {describe(distill)}")
 
 
-def describe(distill: DistillArguments) -> str:
+def describe(distill: ZebraArguments) -> str:
     if distill.distill == "kd":
         direction = "reverse KL(student||teacher)" if distill.kd_reverse_kl else "forward KL(teacher||student)"
         return (

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..training_steps import optimizer_steps_per_epoch, total_optimizer_steps
+from ..hparams import optimizer_steps_per_epoch, total_optimizer_steps, zebra_arguments
 from .config_conflicts import check_deepspeed_conflicts, deepspeed_warnings
 
 _SAVE_KEYS = (
@@ -131,17 +131,8 @@ def _accelerator_warnings(model_args: Any, training_args: Any, arguments: str) -
     return warnings
 
 
-def _sequence_parallel_size(*arg_objects: Any) -> int:
-    """The data-parallel divisor of a future ``sequence_parallel_size`` key, wherever the plugin puts it."""
-    for args in arg_objects:
-        value = getattr(args, "sequence_parallel_size", None)
-        if value:
-            return int(value)
-    return 1
-
-
 def training_steps(training_args: Any, num_train_examples: int | None, sequence_parallel: int = 1) -> int | None:
-    """Optimizer steps the Trainer will run (``training_steps.py``), or ``None`` if unknowable.
+    """Optimizer steps the Trainer will run (``hparams/training_steps.py``), or ``None`` if unknowable.
 
     Sequence-parallel ranks share a batch, so only ``world_size / sequence_parallel`` ranks read data.
     """
@@ -161,9 +152,7 @@ def _warmup_warning(data_args, training_args, finetuning_args, model_args, num_t
     ratio = training_args.warmup_steps  # transformers >= 5 stores warmup_ratio here as a float < 1
     if not 0 < ratio < 1:
         return None
-    steps = training_steps(
-        training_args, num_train_examples, _sequence_parallel_size(training_args, finetuning_args, model_args)
-    )
+    steps = training_steps(training_args, num_train_examples, zebra_arguments(finetuning_args).sequence_parallel_size)
     if steps is None:
         return None
     warmup = training_args.get_warmup_steps(steps)

@@ -3,9 +3,8 @@
 LLaMA-Factory 0.9.5 has no such key (its parser rejects unknown keys) and transformers' own ALST
 wiring needs accelerate >= 1.12, which LLaMA-Factory pins out. So the plugin adds it at three seams:
 
-- ``hparams.parser.get_train_args`` (``training.py`` calls the steps here): the key is taken out of the
-  arguments before LLaMA-Factory parses them (:func:`pop_sequence_parallel_size`), stored as
-  ``finetuning_args.sequence_parallel_size``, and the setup is checked (world size, attention backend,
+- ``hparams.parser.get_train_args`` (``training.py`` calls the steps here): the key leaves the arguments
+  with the plugin's other keys before LLaMA-Factory parses them (``hparams.ZebraArguments``), and the setup is checked (world size, attention backend,
   head count, ``cutoff_len``, unsupported options) before any data is loaded.
 - ``train.sft.workflow.CustomSeq2SeqTrainer`` (wrapped in ``training.py``): with SP > 1 the SFT
   workflow builds :func:`sequence_parallel_trainer`'s subclass of LLaMA-Factory's trainer instead.
@@ -28,9 +27,9 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
+from ..hparams import zebra_arguments
 from .seams import unwrap, upstream, wrap
 
-SP_KEY = "sequence_parallel_size"
 # LLaMA-Factory ``flash_attn`` values that reach an attention the SP wrapper can keep samples apart in
 # (``auto`` resolves to sdpa for Zebra; ``disabled`` is eager, whose T x T weights no long run affords).
 # ``fa3`` passes here and is refused by the guards (LLaMA-Factory 0.9.5 cannot load Zebra with it).
@@ -46,31 +45,6 @@ UNSUPPORTED_WITH_SP = (
 )
 
 
-def pop_sequence_parallel_size(args: dict[str, Any] | list[str]) -> tuple[dict[str, Any] | list[str], int]:
-    """``args`` without the SP key, and its value (1 when absent). Accepts a YAML dict or CLI strings."""
-    if isinstance(args, dict):
-        rest = dict(args)
-        return rest, _parse_size(rest.pop(SP_KEY, 1))
-    rest, value, items = [], 1, iter(args)
-    for item in items:
-        name, _, inline = item.lstrip("-").partition("=")
-        if item.startswith("--") and name == SP_KEY:
-            value = _parse_size(inline if inline else next(items, None))
-        else:
-            rest.append(item)
-    return rest, value
-
-
-def _parse_size(value: Any) -> int:
-    try:
-        size = int(value)
-    except (TypeError, ValueError):
-        size = None
-    if size is None or size < 1 or str(size) != str(value).strip():
-        raise ValueError(f"{SP_KEY} must be a positive integer (1 = off), got {value!r}")
-    return size
-
-
 def check_sequence_parallel_setup(
     sp: int, model_args: Any, data_args: Any, training_args: Any, finetuning_args: Any, config: Any
 ) -> None:
@@ -79,35 +53,35 @@ def check_sequence_parallel_setup(
 
     if getattr(config, "model_type", None) != "zebra":
         raise ValueError(
-            f"{SP_KEY} is implemented by llamafactory-zebra for Zebra models only; "
+            f"sequence_parallel_size is implemented by llamafactory-zebra for Zebra models only; "
             f"{model_args.model_name_or_path} is {getattr(config, 'model_type', None)!r}"
         )
     check_sequence_parallel_size(sp, training_args.world_size)
     if finetuning_args.stage != "sft":
-        raise ValueError(f"{SP_KEY} supports stage: sft, got stage: {finetuning_args.stage}")
+        raise ValueError(f"sequence_parallel_size supports stage: sft, got stage: {finetuning_args.stage}")
     attention = str(getattr(model_args.flash_attn, "value", model_args.flash_attn))
     if attention not in SP_ATTENTION:
         raise ValueError(
-            f"flash_attn: {attention} (eager attention) cannot run under {SP_KEY}: it materialises whole-row "
+            f"flash_attn: {attention} (eager attention) cannot run under sequence_parallel_size: it materialises whole-row "
             f"attention weights per head; use flash_attn: fa2 on GPUs (packed samples via position_ids) or "
             f"sdpa (block-diagonal mask, for CPU and short rows)"
         )
     if config.num_attention_heads % sp:
         raise ValueError(
-            f"{SP_KEY}={sp} must divide the MLA query heads ({config.num_attention_heads}): Ulysses gives each "
+            f"sequence_parallel_size={sp} must divide the MLA query heads ({config.num_attention_heads}): Ulysses gives each "
             f"rank whole heads"
         )
     # LLaMA-Factory keeps packed rows one token short of the YAML's cutoff_len and pads them back.
     cutoff_len = data_args.cutoff_len + int(bool(data_args.packing))
     if cutoff_len % sp:
         raise ValueError(
-            f"cutoff_len={cutoff_len} must be a multiple of {SP_KEY}={sp} so a full packed row splits into "
+            f"cutoff_len={cutoff_len} must be a multiple of sequence_parallel_size={sp} so a full packed row splits into "
             f"equal shards without padding; use e.g. cutoff_len: {cutoff_len - cutoff_len % sp + sp}"
         )
     for attribute, what in UNSUPPORTED_WITH_SP:
         owner = next((a for a in (training_args, finetuning_args) if getattr(a, attribute, False)), None)
         if owner is not None:
-            raise ValueError(f"{attribute}: true ({what}) is not supported with {SP_KEY} > 1; remove it")
+            raise ValueError(f"{attribute}: true ({what}) is not supported with sequence_parallel_size > 1; remove it")
 
 
 def prepare_data_parallel_loader(accelerator: Any, dataloader: Any, dp_size: int, dp_rank: int) -> Any:
@@ -172,7 +146,7 @@ def sequence_parallel_trainer(base: type) -> type:
             super().__init__(*args, **kwargs)
             from ..parallel import enable_sequence_parallel, layout_from_deepspeed, new_layout
 
-            sp = getattr(self.finetuning_args, SP_KEY)
+            sp = zebra_arguments(self.finetuning_args).sequence_parallel_size
             if self.is_deepspeed_enabled:
                 self.sp_layout, self.sp_mpu = layout_from_deepspeed(sp)
             else:

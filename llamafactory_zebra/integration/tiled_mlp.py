@@ -1,9 +1,9 @@
 """``tiled_mlp: true`` in ``llamafactory-cli train``: every Zebra MLP runs over sequence tiles.
 
 LLaMA-Factory 0.9.5 has no such key (its parser rejects unknown keys), so it leaves the arguments
-before LLaMA-Factory parses them (:func:`pop_tiled_mlp`), the setup is checked right after
-(:func:`check_tiled_mlp_setup`), and the SFT trainer wrapper tiles the model's MLPs
-(:func:`tile_mlps`). The steps are called by ``training.py``'s one ``get_train_args`` wrapper; the
+with the plugin's other keys before LLaMA-Factory parses them (``hparams.ZebraArguments``), the setup
+is checked right after (:func:`check_tiled_mlp_setup`), and the SFT trainer wrapper tiles the model's
+MLPs (:func:`tile_mlps`). The steps are called by ``training.py``'s one ``get_train_args`` wrapper; the
 tiling itself is ``layers/tiled_mlp.py`` (DeepSpeed's ``TiledMLP``).
 """
 
@@ -16,37 +16,15 @@ from torch import nn
 from ..configuration_zebra import checkpoint_layout
 from ..layers.tiled_mlp import AUTO, set_mlp_tiles
 
-TILED_MLP_KEY = "tiled_mlp"
-
-
-def pop_tiled_mlp(args: dict[str, Any] | list[str]) -> tuple[dict[str, Any] | list[str], bool]:
-    """``args`` without ``tiled_mlp`` and its value (``false`` when absent); YAML dict or CLI strings."""
-    if isinstance(args, dict):
-        rest = dict(args)
-        value = rest.pop(TILED_MLP_KEY, False)
-    else:
-        rest, value, items = [], False, iter(args)
-        for item in items:
-            name, _, inline = item.lstrip("-").partition("=")
-            if item.startswith("--") and name == TILED_MLP_KEY:
-                value = inline if inline else next(items, "true")
-            else:
-                rest.append(item)
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        value = value.strip().lower() == "true"
-    if not isinstance(value, bool):
-        raise ValueError(f"{TILED_MLP_KEY} must be true or false, got {value!r}")
-    return rest, value
-
 
 def check_tiled_mlp_setup(model_args: Any, training_args: Any) -> None:
     if checkpoint_layout(model_args.model_name_or_path) is None:
         raise ValueError(
-            f"{TILED_MLP_KEY}: true is implemented for Zebra models; {model_args.model_name_or_path} is not one"
+            f"tiled_mlp: true is implemented for Zebra models; {model_args.model_name_or_path} is not one"
         )
     if training_args.world_size > 1 and not training_args.deepspeed:
         raise ValueError(
-            f"{TILED_MLP_KEY}: true needs DeepSpeed (ZeRO-2/3) or a single process: under plain DDP every tile's "
+            "tiled_mlp: true needs DeepSpeed (ZeRO-2/3) or a single process: under plain DDP every tile's "
             "backward would mark the MLP gradients ready again; add e.g. deepspeed: deepspeed_configs/ds_z3_bf16.json"
         )
 
@@ -54,4 +32,4 @@ def check_tiled_mlp_setup(model_args: Any, training_args: Any) -> None:
 def tile_mlps(model: nn.Module, logger: Any) -> None:
     """Tile every MLP of the model the SFT trainer is about to train (about one hidden size of tokens each)."""
     count = set_mlp_tiles(model, AUTO)
-    logger.info_rank0(f"llamafactory-zebra: {count} MLPs run over sequence tiles ({TILED_MLP_KEY})")
+    logger.info_rank0(f"llamafactory-zebra: {count} MLPs run over sequence tiles (tiled_mlp)")

@@ -3,19 +3,19 @@
 ``hparams.parser.get_train_args`` is where every plugin key and check meets LLaMA-Factory's parser.
 One wrapper runs the steps in this order (each step lives with its feature):
 
-1. the plugin's own keys leave the arguments (``sequence_parallel_size``, ``tiled_mlp``, the ``distill``
-   keys): LLaMA-Factory's parser rejects unknown keys;
-2. LLaMA-Factory parses the rest;
-3. sequence parallelism: the size is stored on ``finetuning_args`` and the setup checked (world size,
-   attention backend, heads, ``cutoff_len``) — ``sequence_parallel.py``;
-4. tiled MLP: the flag is stored and the setup checked — ``tiled_mlp.py``;
-4b. distillation: the settings are stored and checked (it refuses SP and tiled MLP, so it comes after
-   them) — ``distill.py``;
+1. the plugin's own keys leave the arguments and are parsed into ``hparams.ZebraArguments``
+   (``sequence_parallel_size``, ``tiled_mlp``, the ``distill`` keys): LLaMA-Factory's parser rejects
+   unknown keys;
+2. LLaMA-Factory parses the rest, and the plugin's keys are stored on ``finetuning_args``;
+3. sequence parallelism: the setup is checked (world size, attention backend, heads, ``cutoff_len``)
+   — ``sequence_parallel.py``;
+4. tiled MLP: the setup is checked — ``tiled_mlp.py``;
+4b. distillation: the settings are checked (it refuses SP and tiled MLP) — ``distill.py``;
 5. guard rails, for Zebra checkpoints: neat-packing masks stay 2-D (the model isolates samples itself,
    so the O(L²) 4-D mask LLaMA-Factory builds for non-FA2 backends is not needed), then
-   ``guards.check_training_setup`` — which sees the fields steps 3 and 4 stored, and names the YAML file
-   (or the command line) the arguments came from — then ``resume_from_last_complete_checkpoint``
-   points ``resume_from_checkpoint`` at a complete save (``resume.py``).
+   ``guards.check_training_setup`` — which reads the stored keys, and names the YAML file (or the
+   command line) the arguments came from — then ``resume_from_last_complete_checkpoint`` points
+   ``resume_from_checkpoint`` at a complete save (``resume.py``).
 
 All of it runs before any data is loaded. When SP, tiled MLP or distillation is on, ``train.sft.workflow``'s
 ``CustomSeq2SeqTrainer`` is wrapped (once per process; by then ``llamafactory.train.tuner`` has
@@ -29,27 +29,20 @@ from types import ModuleType
 from typing import Any
 
 from ..configuration_zebra import ZebraConfig, checkpoint_layout
-from ..distill.args import pop_distill_args
-from ..distill.trainer import distill_trainer
+from ..hparams import ZebraArguments, pop_zebra_arguments, store_zebra_arguments, zebra_arguments
 from .config_conflicts import arguments_source
 from .distill import distill_step
 from .guards import check_training_setup
 from .resume import resume_from_last_complete_checkpoint
 from .seams import is_wrapped, upstream, wrap
-from .sequence_parallel import (
-    SP_KEY,
-    check_sequence_parallel_setup,
-    pop_sequence_parallel_size,
-    sequence_parallel_trainer,
-)
-from .tiled_mlp import TILED_MLP_KEY, check_tiled_mlp_setup, pop_tiled_mlp, tile_mlps
+from .sequence_parallel import check_sequence_parallel_setup, sequence_parallel_trainer
+from .tiled_mlp import check_tiled_mlp_setup, tile_mlps
 
 TrainArgs = tuple[Any, Any, Any, Any, Any]
 
 
 def sequence_parallel_step(sp: int, parsed: TrainArgs, config: ZebraConfig | None, logger: Any) -> None:
     model_args, data_args, training_args, finetuning_args, _ = parsed
-    finetuning_args.sequence_parallel_size = sp
     if sp > 1:
         check_sequence_parallel_setup(sp, model_args, data_args, training_args, finetuning_args, config)
         logger.info_rank0(
@@ -58,8 +51,7 @@ def sequence_parallel_step(sp: int, parsed: TrainArgs, config: ZebraConfig | Non
 
 
 def tiled_mlp_step(tiled: bool, parsed: TrainArgs) -> None:
-    model_args, _, training_args, finetuning_args, _ = parsed
-    finetuning_args.tiled_mlp = tiled
+    model_args, _, training_args, _, _ = parsed
     if tiled:
         check_tiled_mlp_setup(model_args, training_args)
 
@@ -83,17 +75,16 @@ def on_parser_loaded(parser: ModuleType) -> None:
     @functools.wraps(get_train_args)
     def zebra_get_train_args(args=None):
         arguments = arguments_source(args)
-        args, sp = pop_sequence_parallel_size(read_args(args))
-        args, tiled = pop_tiled_mlp(args)
-        args, distill = pop_distill_args(args)
+        args, zebra = pop_zebra_arguments(read_args(args))
         parsed = get_train_args(args)
+        store_zebra_arguments(parsed[3], zebra)
         path = parsed[0].model_name_or_path
         config = ZebraConfig.from_pretrained(path) if checkpoint_layout(path) else None
-        sequence_parallel_step(sp, parsed, config, parser.logger)
-        tiled_mlp_step(tiled, parsed)
-        distill_step(distill, parsed, parser.logger)
+        sequence_parallel_step(zebra.sequence_parallel_size, parsed, config, parser.logger)
+        tiled_mlp_step(zebra.tiled_mlp, parsed)
+        distill_step(zebra, parsed, parser.logger)
         guard_step(parsed, config, arguments, parser.logger)
-        if sp > 1 or tiled or distill is not None:
+        if needs_trainer_wrapper(zebra):
             from llamafactory.train.sft import workflow
 
             patch_sft_workflow(workflow)
@@ -102,24 +93,29 @@ def on_parser_loaded(parser: ModuleType) -> None:
     wrap(parser, "get_train_args", zebra_get_train_args)
 
 
+def needs_trainer_wrapper(zebra: ZebraArguments) -> bool:
+    return zebra.sequence_parallel_size > 1 or zebra.tiled_mlp or zebra.distilling
+
+
 def patch_sft_workflow(workflow: ModuleType) -> None:
-    """``run_sft`` builds its trainer through this wrapper: tiled MLPs when ``finetuning_args.tiled_mlp``,
-    the distillation subclass when ``finetuning_args.distill`` is set, the sequence-parallel subclass when
-    ``finetuning_args.sequence_parallel_size > 1`` (idempotent; distillation refuses SP at parse time)."""
+    """``run_sft`` builds its trainer through this wrapper: tiled MLPs when ``tiled_mlp``, the distillation
+    trainer when ``distill`` is set, the sequence-parallel subclass when ``sequence_parallel_size > 1``
+    (idempotent; distillation refuses SP at parse time)."""
     if is_wrapped(workflow, "CustomSeq2SeqTrainer"):
         return
+    from ..distill.trainer import DistillTrainer
+
     base = upstream(workflow, "CustomSeq2SeqTrainer")
     sp_trainer = sequence_parallel_trainer(base)
-    distillation_trainer = distill_trainer(base)
 
     @functools.wraps(base, updated=())
     def trainer_for_run(*args, **kwargs):
-        finetuning_args = kwargs.get("finetuning_args")
-        if getattr(finetuning_args, TILED_MLP_KEY, False):
+        zebra = zebra_arguments(kwargs.get("finetuning_args"))
+        if zebra.tiled_mlp:
             tile_mlps(kwargs["model"], workflow.logger)
-        if getattr(finetuning_args, "distill", None) is not None:
-            return distillation_trainer(*args, **kwargs)
-        if getattr(finetuning_args, SP_KEY, 1) > 1:
+        if zebra.distilling:
+            return DistillTrainer(*args, **kwargs)
+        if zebra.sequence_parallel_size > 1:
             return sp_trainer(*args, **kwargs)
         return base(*args, **kwargs)
 

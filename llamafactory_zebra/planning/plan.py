@@ -1,6 +1,6 @@
 """Will a training setup fit on the GPUs, and if not, which single change (or which fewest) makes it fit.
 
-``TrainingSetup`` holds only what decides memory; ``training_yaml.py`` fills it from LLaMA-Factory's
+``TrainingSetup`` holds only what decides memory; ``yaml_setup.py`` fills it from LLaMA-Factory's
 YAML. ``make_plan`` combines the three estimators (model states, activations, inference cache) into
 one peak per GPU: the larger of the forward/backward phase (model states + activations) and the
 optimizer-step phase (model states + fp32 gradient copies; activations are gone by then).

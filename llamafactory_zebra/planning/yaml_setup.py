@@ -1,8 +1,9 @@
 """Turn a LLaMA-Factory training YAML into a ``TrainingSetup``, the way LLaMA-Factory itself reads it.
 
-The file is read by ``training_yaml.read_training_yaml`` (as ``llamafactory.hparams.parser.read_args`` does) and parsed into
-LLaMA-Factory's own ``ModelArguments``, ``DataArguments`` and ``FinetuningArguments``, so defaults and
-validation are LLaMA-Factory's. ``TrainingArguments`` is the exception: its ``__post_init__`` checks the
+The file is read by ``hparams.read_training_yaml`` (as ``llamafactory.hparams.parser.read_args`` does);
+the plugin's keys (``sequence_parallel_size``) are parsed into ``hparams.ZebraArguments`` and the rest
+into LLaMA-Factory's own ``ModelArguments``, ``DataArguments`` and ``FinetuningArguments``, so defaults
+and validation are LLaMA-Factory's and the plugin's own. ``TrainingArguments`` is the exception: its ``__post_init__`` checks the
 *current* machine (bf16 needs a GPU, DeepSpeed initialises accelerate), and the plan is usually made on
 another one; its few fields that matter are read from the YAML with the dataclass's defaults.
 """
@@ -16,11 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..configuration_zebra import PRESET_HUB_IDS, PRESETS, ZebraConfig, checkpoint_layout
-from ..training_yaml import read_training_yaml
+from ..hparams import pop_zebra_arguments, read_training_yaml
 from .plan import TrainingSetup
 
-# The plugin's sequence-parallel key (LLaMA-Factory 0.9.5 has none): tokens per GPU = cutoff_len / SP.
-SEQUENCE_PARALLEL_KEY = "sequence_parallel_size"
 ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "fa2": "flash_attention_2", "fa3": "flash_attention_2"}
 
 
@@ -106,8 +105,7 @@ def setup_from_yaml(
     from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArguments
     from transformers import HfArgumentParser
 
-    values = read_training_yaml(path)
-    future = {SEQUENCE_PARALLEL_KEY: values.pop(SEQUENCE_PARALLEL_KEY, 1)}
+    values, zebra = pop_zebra_arguments(read_training_yaml(path))
     model_args, data_args, finetuning_args = HfArgumentParser(
         [ModelArguments, DataArguments, FinetuningArguments]
     ).parse_dict(values, allow_extra_keys=True)
@@ -136,7 +134,7 @@ def setup_from_yaml(
         gpus=gpus,
         gpu_memory=gpu_memory,
         gpu_label=gpu_label,
-        sequence_parallel=int(sequence_parallel or future[SEQUENCE_PARALLEL_KEY]),
+        sequence_parallel=int(sequence_parallel or zebra.sequence_parallel_size),
         precision=precision,
         finetuning_type=finetuning_args.finetuning_type,
         lora_rank=finetuning_args.lora_rank,

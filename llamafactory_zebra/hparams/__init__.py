@@ -1,0 +1,21 @@
+"""What the plugin reads from a training run's arguments, like LLaMA-Factory's own ``hparams/``.
+
+- ``zebra_args``: the plugin's YAML keys (:class:`ZebraArguments`), parsed once with ``HfArgumentParser``.
+- ``training_yaml``: the one reader of a training YAML for the plugin's tools (``plan``, ``data inspect``).
+- ``training_steps``: optimizer steps of a run, as accelerate and the Trainer will count them.
+"""
+
+from .training_steps import batches_per_rank, optimizer_steps_per_epoch, total_optimizer_steps
+from .training_yaml import read_training_yaml
+from .zebra_args import ZebraArguments, pop_zebra_arguments, store_zebra_arguments, zebra_arguments
+
+__all__ = [
+    "ZebraArguments",
+    "batches_per_rank",
+    "optimizer_steps_per_epoch",
+    "pop_zebra_arguments",
+    "read_training_yaml",
+    "store_zebra_arguments",
+    "total_optimizer_steps",
+    "zebra_arguments",
+]
