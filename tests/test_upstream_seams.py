@@ -173,6 +173,7 @@ def test_installed_wrappers_went_through_the_door():
         ("llamafactory.data.converter", "get_dataset_converter"),
         ("llamafactory.data.parser", "get_dataset_list"),
         ("llamafactory.webui.common", "load_dataset_info"),
+        ("llamafactory.launcher", "launch"),
     ]
     for module_name, attribute in wrapped_at_import:
         assert seams.is_wrapped(importlib.import_module(module_name), attribute), f"{module_name}.{attribute}"
@@ -184,8 +185,81 @@ def test_installed_wrappers_went_through_the_door():
 
 def test_the_docs_seam_table_lists_exactly_the_declared_seams():
     docs = (Path(__file__).resolve().parents[1] / "docs" / "llamafactory.md").read_text(encoding="utf-8")
-    section = docs.split("## What changes, and where", 1)[1].split("\n## ", 1)[0]
+    section = docs.split("## What changes, and where", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     documented = [line.split("`")[1] for line in rows]
     declared = [f"{module}.{attribute}" for module, attribute, _ in seams.UPSTREAM_SEAMS]
     assert sorted(documented) == sorted(declared)
+
+
+def test_wrapped_method_changes_one_object_for_one_block():
+    from accelerate import Accelerator
+
+    accelerator, other = Accelerator(cpu=True), Accelerator(cpu=True)
+
+    @functools.wraps(accelerator.prepare)
+    def prepare_nothing(*objects):
+        return "zebra"
+
+    with seams.wrapped_method(accelerator, "prepare", prepare_nothing):
+        assert accelerator.prepare(None) == "zebra" and getattr(accelerator.prepare, seams.ORIGINAL) is not None
+        assert other.prepare is not prepare_nothing and "prepare" not in vars(other)
+        with pytest.raises(seams.AlreadyWrapped, match="Accelerator.prepare is already replaced"):
+            with seams.wrapped_method(accelerator, "prepare", functools.wraps(accelerator.prepare)(lambda x: x)):
+                pass
+    assert "prepare" not in vars(accelerator) and accelerator.prepare.__func__ is Accelerator.prepare
+    with pytest.raises(ValueError, match="functools.wraps"):
+        with seams.wrapped_method(accelerator, "prepare", lambda *objects: None):
+            pass
+    with pytest.raises(KeyError, match="Accelerator.prepare_model is not declared"):
+        with seams.wrapped_method(accelerator, "prepare_model", functools.wraps(accelerator.prepare_model)(lambda *a: None)):
+            pass
+    assert "prepare" not in vars(accelerator)
+
+
+def _plugin_registrations() -> set[tuple[str, str]]:
+    """(registry, key) of every entry in transformers' Auto mappings and attention registry that holds a
+    llamafactory-zebra object."""
+    from transformers.modeling_utils import AttentionInterface
+    from transformers.models.auto import auto_factory, configuration_auto, modeling_auto
+
+    def ours(value):
+        return getattr(value, "__module__", "").startswith("llamafactory_zebra")
+
+    found = {("AttentionInterface", k) for k, v in AttentionInterface._global_mapping.items() if ours(v)}
+    found |= {("AutoConfig", k) for k, v in configuration_auto.CONFIG_MAPPING._extra_content.items() if ours(v)}
+    for name in dir(modeling_auto):
+        auto_class = getattr(modeling_auto, name)
+        mapping = getattr(auto_class, "_model_mapping", None)
+        if isinstance(auto_class, type) and isinstance(mapping, auto_factory._LazyAutoMapping):
+            found |= {(name, k.__name__) for k, v in mapping._extra_content.items() if ours(v)}
+    return found
+
+
+def test_transformers_registrations_are_exactly_the_declared_ones():
+    """What the docs say the plugin adds to transformers' registries is what it adds (FlashAttention's
+    entries are added by a distillation teacher that loads with FA; this test adds them the same way)."""
+    from transformers.modeling_utils import AttentionInterface
+
+    import llamafactory_zebra  # noqa: F401
+    from llamafactory_zebra.layers.flash_attention import register_sinkless_flash_attention
+
+    declared = {(registry, key) for registry, key, _ in seams.TRANSFORMERS_REGISTRATIONS}
+    before = dict(AttentionInterface._global_mapping)
+    try:
+        register_sinkless_flash_attention()
+        register_sinkless_flash_attention()
+        assert _plugin_registrations() == declared
+    finally:
+        AttentionInterface._global_mapping.clear()
+        AttentionInterface._global_mapping.update(before)
+    with pytest.raises(KeyError, match="not declared in TRANSFORMERS_REGISTRATIONS"):
+        seams.register_attention_function("sdpa", print)
+
+
+def test_the_docs_registry_table_lists_exactly_the_declared_registrations():
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "llamafactory.md").read_text(encoding="utf-8")
+    section = docs.split("### transformers' registries", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("`") for line in section.splitlines() if line.startswith("| `")]
+    documented = sorted((row[1], row[3]) for row in rows)
+    assert documented == sorted((registry, key) for registry, key, _ in seams.TRANSFORMERS_REGISTRATIONS)

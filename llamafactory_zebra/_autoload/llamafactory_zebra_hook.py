@@ -28,6 +28,7 @@ WATCHED_MODULES = frozenset(
         "llamafactory.model.loader",
         "llamafactory.model.patcher",
         "llamafactory.hparams.parser",
+        "llamafactory.launcher",
         "llamafactory.webui.common",
         "llamafactory.webui.interface",
         "llamafactory.webui.engine",

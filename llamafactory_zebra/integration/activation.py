@@ -14,7 +14,7 @@ from types import ModuleType
 from llamafactory_zebra_hook import DISABLE_ENV
 
 from .. import __version__
-from . import datasets, seams, training, webui
+from . import datasets, launcher, seams, training, webui
 
 _announced = False
 
@@ -28,6 +28,7 @@ HANDLERS: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
     "llamafactory.model.loader": (seams.patch_loader,),
     "llamafactory.model.patcher": (seams.patch_rope,),
     "llamafactory.hparams.parser": (training.on_parser_loaded,),
+    "llamafactory.launcher": (launcher.on_launcher_loaded,),
     "llamafactory.webui.common": (datasets.on_webui_common_loaded,),
     "llamafactory.webui.interface": (webui.on_interface_loaded,),
     "llamafactory.webui.engine": (webui.on_engine_loaded,),

@@ -4,7 +4,10 @@
 on; ``tests/test_upstream_seams.py`` fails when an upgrade moves or renames any of them, and
 :func:`require_seam` raises at activation with the same message, instead of patching the wrong thing.
 :func:`wrap` is the one door through which any upstream attribute is replaced: it checks the seam,
-marks the wrapper with the original and refuses to wrap a name twice. Wrappers change nothing for
+marks the wrapper with the original and refuses to wrap a name twice (:func:`wrapped` for one ``with``
+block; :func:`wrapped_method` for one object's method, its class untouched). ``TRANSFORMERS_REGISTRATIONS``
+lists the entries the plugin adds to transformers' registries through their own ``register`` methods
+(no attribute is replaced there; :func:`register_attention_function` is the door for the attention one). Wrappers change nothing for
 non-Zebra models; they live next to the behaviour they add (this module: model loading; ``training``:
 ``get_train_args`` and the SFT trainer; ``datasets``; ``webui``; ``sequence_parallel``: DeepSpeed's
 ``initialize`` during an SP run). ``docs/llamafactory.md``'s seam table is tested against this list.
@@ -20,14 +23,18 @@ Seams (module → name):
   ``rope_theta`` and YaRN's ``mscale`` keys, and writes a float ``max_position_embeddings`` that strict
   transformers-5 configs reject; for Zebra the same rule runs here without either problem.
 - ``hparams.parser.get_train_args``: see ``training.py``.
+- ``launcher.launch``: ``llamafactory-cli train`` checks the plugin's keys against the world size before
+  torchrun starts (``launcher.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -39,9 +46,9 @@ from ..configuration_zebra import (
     load_released_config,
 )
 
-# Every name in LLaMA-Factory (and the one in DeepSpeed) that the plugin wraps, replaces or relies on:
-# (module, attribute — dotted for class members, parameters relied on, in order). Every wrapper is
-# installed through wrap(), which checks its target against this table; tests/test_upstream_seams.py
+# Every name in LLaMA-Factory (and the few in transformers, accelerate and DeepSpeed) that the plugin wraps,
+# replaces or relies on: (module, attribute — dotted for class members, parameters relied on, in order).
+# Every wrapper is installed through wrap() / wrapped() / wrapped_method(), which check it against this table; tests/test_upstream_seams.py
 # checks the table against the installed LLaMA-Factory and against docs/llamafactory.md.
 UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("llamafactory.extras.constants", "register_model_group", ("models", "template", "multimodal")),
@@ -53,6 +60,11 @@ UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         ("model", "tokenizer", "model_args", "is_trainable", "add_valuehead"),
     ),
     ("llamafactory.model.patcher", "configure_rope", ("config", "model_args")),
+    ("llamafactory.launcher", "launch", ()),
+    ("llamafactory.extras.misc", "is_env_enabled", ("env_var", "default")),
+    ("llamafactory.extras.misc", "get_device_count", ()),
+    ("llamafactory.extras.misc", "use_ray", ()),
+    ("llamafactory.extras.misc", "use_kt", ()),
     ("llamafactory.hparams.parser", "get_train_args", ("args",)),
     ("llamafactory.hparams.parser", "read_args", ("args",)),
     ("llamafactory.data.converter", "register_dataset_converter", ("name", "dataset_converter")),
@@ -72,6 +84,7 @@ UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("llamafactory.train.callbacks", "LogCallback.on_log", ("self", "args", "state", "control")),
     ("llamafactory.train.callbacks", "LogCallback._write_log", ("self", "output_dir", "logs")),
     ("llamafactory.extras.ploting", "plot_loss", ("save_dictionary", "keys")),
+    ("accelerate.accelerator", "Accelerator.prepare", ("self", "args")),
     ("transformers.integrations.deepspeed", "set_hf_deepspeed_config", ("hf_deepspeed_config_obj",)),
     ("transformers.integrations.deepspeed", "unset_hf_deepspeed_config", ()),
     (
@@ -79,6 +92,17 @@ UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "initialize",
         ("args", "model", "optimizer", "model_parameters", "training_data", "lr_scheduler", "distributed_port", "mpu"),
     ),
+)
+
+# Entries the plugin puts into transformers' process-wide registries through their public ``register``
+# methods: (registry, key, when). tests/test_upstream_seams.py compares this with the registries' contents
+# after the plugin ran; docs/llamafactory.md lists it.
+TRANSFORMERS_REGISTRATIONS: tuple[tuple[str, str, str], ...] = (
+    ("AutoConfig", "zebra", "import llamafactory_zebra"),
+    ("AutoModel", "ZebraConfig", "import llamafactory_zebra"),
+    ("AutoModelForCausalLM", "ZebraConfig", "import llamafactory_zebra"),
+    ("AttentionInterface", "flash_attention_2", "a distillation teacher loads with FlashAttention"),
+    ("AttentionInterface", "flash_attention_3", "a distillation teacher loads with FlashAttention"),
 )
 
 # Keys that only mean something to YaRN; they leave when rope_scaling switches to another type.
@@ -173,6 +197,66 @@ def unwrap(module: ModuleType, attribute: str) -> None:
     if not hasattr(current, ORIGINAL):
         raise ValueError(f"{module.__name__}.{attribute} is not wrapped by llamafactory-zebra")
     setattr(owner, name, getattr(current, ORIGINAL))
+
+
+@contextlib.contextmanager
+def wrapped(module: ModuleType, attribute: str, wrapper: Callable) -> Iterator[None]:
+    """:func:`wrap` for the duration of a ``with`` block, then the original back."""
+    wrap(module, attribute, wrapper)
+    try:
+        yield
+    finally:
+        unwrap(module, attribute)
+
+
+def _declared_method(cls: type, method: str) -> tuple[ModuleType, str]:
+    """The declared seam ``Class.method`` of the nearest class in ``cls``'s MRO, with its module."""
+    declared = {(module, attribute) for module, attribute, _ in UPSTREAM_SEAMS}
+    for base in cls.__mro__:
+        if (base.__module__, f"{base.__qualname__}.{method}") in declared:
+            return sys.modules[base.__module__], f"{base.__qualname__}.{method}"
+    raise KeyError(f"{cls.__qualname__}.{method} is not declared in UPSTREAM_SEAMS")
+
+
+@contextlib.contextmanager
+def wrapped_method(instance: Any, method: str, wrapper: Callable) -> Iterator[None]:
+    """``instance.method`` is ``wrapper`` for the duration of a ``with`` block: this object only, its class
+    untouched (an instance attribute shadows the class's method, and is deleted afterwards).
+
+    The method must be a declared seam (``Class.method`` of a class ``instance`` is); ``wrapper`` must be
+    made with ``functools.wraps`` around the bound method, as :func:`wrap` requires.
+    """
+    module, attribute = _declared_method(type(instance), method)
+    upstream(module, attribute)
+    bound = getattr(instance, method)
+    if method in vars(instance):
+        raise AlreadyWrapped(f"{module.__name__}.{attribute} is already replaced on this {type(instance).__name__}")
+    if getattr(wrapper, "__wrapped__", None) != bound:
+        raise ValueError(f"the wrapper for {module.__name__}.{attribute} must be made with functools.wraps around it")
+    setattr(wrapper, ORIGINAL, bound)
+    setattr(instance, method, wrapper)
+    try:
+        yield
+    finally:
+        delattr(instance, method)
+
+
+def register_attention_function(backend: str, function: Callable) -> bool:
+    """``AttentionInterface.register(backend, function)`` for a declared entry of ``TRANSFORMERS_REGISTRATIONS``.
+
+    transformers' public way to provide an attention function; it changes ``backend`` for every model in
+    the process. Only a backend still mapped to transformers' own function is changed (someone else's
+    registration is kept; a second call changes nothing). Returns whether the entry was registered.
+    """
+    from transformers.modeling_utils import AttentionInterface
+
+    if ("AttentionInterface", backend) not in {(registry, key) for registry, key, _ in TRANSFORMERS_REGISTRATIONS}:
+        raise KeyError(f"AttentionInterface[{backend!r}] is not declared in TRANSFORMERS_REGISTRATIONS")
+    current = AttentionInterface._global_mapping.get(backend)
+    if current is None or not current.__module__.startswith("transformers."):
+        return False
+    AttentionInterface.register(backend, function)
+    return True
 
 
 def _is_zebra(config: Any) -> bool:

@@ -28,7 +28,7 @@ from types import ModuleType
 from typing import Any
 
 from ..hparams import zebra_arguments
-from .seams import unwrap, upstream, wrap
+from .seams import upstream, wrapped, wrapped_method
 
 # LLaMA-Factory ``flash_attn`` values that reach an attention the SP wrapper can keep samples apart in
 # (``auto`` resolves to sdpa for Zebra; ``disabled`` is eager, whose T x T weights no long run affords).
@@ -131,11 +131,8 @@ def deepspeed_initialize_with_mpu(mpu: ModuleType, dp_size: int) -> Iterator[Non
         kwargs["mpu"] = mpu
         return initialize(*args, **kwargs)
 
-    wrap(deepspeed, "initialize", initialize_with_mpu)
-    try:
+    with wrapped(deepspeed, "initialize", initialize_with_mpu):
         yield
-    finally:
-        unwrap(deepspeed, "initialize")
 
 
 def sequence_parallel_trainer(base: type) -> type:
@@ -157,15 +154,16 @@ def sequence_parallel_trainer(base: type) -> type:
             self.sp_pad_token_id = getattr(self.processing_class, "pad_token_id", None) or 0
 
         def get_train_dataloader(self):
+            """The Trainer's own dataloader, prepared for data-parallel ranks: its ``accelerator.prepare``
+            call (``Trainer._get_dataloader``) is this trainer's only one during this method."""
             accelerator, layout = self.accelerator, self.sp_layout
-            prepare = accelerator.prepare
-            accelerator.prepare = functools.partial(
-                prepare_data_parallel_loader, accelerator, dp_size=layout.dp_size, dp_rank=layout.dp_rank
-            )
-            try:
+
+            @functools.wraps(accelerator.prepare)
+            def prepare_per_data_parallel_rank(dataloader):
+                return prepare_data_parallel_loader(accelerator, dataloader, layout.dp_size, layout.dp_rank)
+
+            with wrapped_method(accelerator, "prepare", prepare_per_data_parallel_rank):
                 return super().get_train_dataloader()
-            finally:
-                accelerator.prepare = prepare
 
         def _get_num_items_in_batch(self, batch_samples, device):
             """Target tokens of the whole rows; every SP rank counted them, so the gathered sum is ``sp`` times

@@ -62,15 +62,14 @@ def register_sinkless_flash_attention() -> None:
     without attention sinks (every Qwen3 and Llama) on transformers 5.6.0.
 
     Calls that carry sinks (``s_aux``) still go to transformers' own function, so models that have them
-    are unaffected. Only a backend still mapped to transformers' own function is replaced, so a function
-    someone else registered is kept; calling this twice changes nothing.
+    are unaffected. The registration is process-wide; it goes through the plugin's inventory of
+    transformers changes (``integration/seams.py``, ``TRANSFORMERS_REGISTRATIONS``), which keeps a function
+    someone else registered and makes a second call change nothing.
     """
-    from transformers.integrations import flash_attention as upstream
-    from transformers.modeling_utils import AttentionInterface
+    from ..integration.seams import register_attention_function
 
     for backend in FLASH_ATTENTION_BACKENDS:
-        if AttentionInterface._global_mapping.get(backend) is upstream.flash_attention_forward:
-            AttentionInterface.register(backend, _flash_attention_with_upstream_sinks)
+        register_attention_function(backend, _flash_attention_with_upstream_sinks)
 
 
 def _flash_attention_with_upstream_sinks(
