@@ -212,7 +212,9 @@ def test_wrapped_method_changes_one_object_for_one_block():
         with seams.wrapped_method(accelerator, "prepare", lambda *objects: None):
             pass
     with pytest.raises(KeyError, match="Accelerator.prepare_model is not declared"):
-        with seams.wrapped_method(accelerator, "prepare_model", functools.wraps(accelerator.prepare_model)(lambda *a: None)):
+        with seams.wrapped_method(
+            accelerator, "prepare_model", functools.wraps(accelerator.prepare_model)(lambda *a: None)
+        ):
             pass
     assert "prepare" not in vars(accelerator)
 
