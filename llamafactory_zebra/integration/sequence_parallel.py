@@ -1,13 +1,18 @@
 """``sequence_parallel_size: N`` for Zebra in ``llamafactory-cli train`` (SFT; full, LoRA, freeze).
 
 LLaMA-Factory 0.9.5 has no such key (its parser rejects unknown keys) and transformers' own ALST
-wiring needs accelerate >= 1.12, which LLaMA-Factory pins out. So the plugin adds it at three seams:
+wiring needs accelerate >= 1.12, which LLaMA-Factory pins out. So the plugin adds it at these seams:
 
+- ``launcher.launch`` (``launcher.py``): a size that does not divide ``NNODES x NPROC_PER_NODE`` is
+  refused in the launching process, before torchrun starts a worker.
 - ``hparams.parser.get_train_args`` (``training.py`` calls the steps here): the key leaves the arguments
-  with the plugin's other keys before LLaMA-Factory parses them (``hparams.ZebraArguments``), and the setup is checked (world size, attention backend,
-  head count, ``cutoff_len``, unsupported options) before any data is loaded.
+  with the plugin's other keys before LLaMA-Factory parses them (``hparams.ZebraArguments``), and the
+  setup is checked (world size, attention backend, head count, ``cutoff_len``, unsupported options)
+  before any data is loaded.
 - ``train.sft.workflow.CustomSeq2SeqTrainer`` (wrapped in ``training.py``): with SP > 1 the SFT
   workflow builds :func:`sequence_parallel_trainer`'s subclass of LLaMA-Factory's trainer instead.
+- ``accelerate.Accelerator.prepare``, on that trainer's accelerator while it builds the training
+  dataloader only (``seams.wrapped_method``): the loader is sharded over data-parallel ranks.
 - ``deepspeed.initialize`` (looked up by accelerate at call time), during ``train()`` only: DeepSpeed
   gets ALST's ``parallel_state_sp`` as ``mpu`` and ``train_batch_size = micro x accumulation x dp``
   (HF's "auto" fill counts every rank as data parallel).
