@@ -2,8 +2,9 @@
 
 It loads the file as ``llamafactory.hparams.parser.read_args`` does (OmegaConf, so interpolations
 resolve the same way) and only checks what every tool needs: the file exists and holds a mapping.
-Parsing into LLaMA-Factory's argument dataclasses stays with each tool, because each needs a different
-subset (the planner cannot run ``TrainingArguments.__post_init__`` on a machine without the GPUs).
+Each tool takes the plugin's keys out with ``zebra_args.pop_zebra_arguments`` and parses the rest into
+the subset of LLaMA-Factory's dataclasses it needs (the planner cannot run
+``TrainingArguments.__post_init__`` on a machine without the GPUs).
 """
 
 from __future__ import annotations
