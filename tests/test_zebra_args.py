@@ -45,6 +45,11 @@ def test_bad_values_name_the_key_and_what_is_valid(values, message):
         pop_zebra_arguments(values)
 
 
+def test_help_and_lookalike_options_stay_with_llamafactory():
+    args = ["--help", "--tiled", "true", "--dataset", "kd_temperature"]
+    assert pop_zebra_arguments(args) == (args, ZebraArguments())
+
+
 def test_bad_command_line_values_name_the_key():
     with pytest.raises(ValueError, match="sequence_parallel_size.*invalid int value: 'two'"):
         pop_zebra_arguments(["--sequence_parallel_size", "two"])

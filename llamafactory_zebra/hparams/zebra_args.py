@@ -136,7 +136,9 @@ def pop_zebra_arguments(args: dict[str, Any] | list[str]) -> tuple[dict[str, Any
     """
     from transformers import HfArgumentParser
 
-    parser = HfArgumentParser(ZebraArguments, allow_abbrev=False, exit_on_error=False)
+    # No abbreviations (``--tiled`` is not ``--tiled_mlp``), errors raised rather than printed, and no
+    # ``-h``: the rest of the command line, ``--help`` included, belongs to LLaMA-Factory.
+    parser = HfArgumentParser(ZebraArguments, allow_abbrev=False, exit_on_error=False, add_help=False)
     if isinstance(args, dict):
         rest = {key: value for key, value in args.items() if key not in KEYS}
         given = {key: value for key, value in args.items() if key in KEYS}
@@ -148,7 +150,8 @@ def pop_zebra_arguments(args: dict[str, Any] | list[str]) -> tuple[dict[str, Any
             )
         except argparse.ArgumentError as error:
             raise ValueError(str(error)) from None
-        given = {name for name in KEYS if any(a.lstrip("-").partition("=")[0].replace("-", "_") == name for a in args)}
+        options = {item[2:].partition("=")[0].replace("-", "_") for item in args if item.startswith("--")}
+        given = options & set(KEYS)
     stray = sorted(set(given) & set(DISTILL_KEYS))
     if stray and not parsed.distilling:
         raise ValueError(f"{', '.join(stray)} need distill: ild or distill: kd")
