@@ -43,3 +43,23 @@ def test_ild_parts_are_micro_batch_means_in_layer_order(no_host_copies):
     no_host_copies.undo()
     logged = parts.take(SUM_OVER_RANKS, torch.device("cpu"))
     assert logged == {"ild_loss_2": 3.5, "ild_loss_10": 11.5} and list(logged) == ["ild_loss_2", "ild_loss_10"]
+
+
+def test_the_log_callback_writes_the_distillation_metrics_on_the_same_line(tmp_path):
+    import json
+
+    from llamafactory.train import callbacks
+
+    from llamafactory_zebra.integration.distill import patch_log_callback
+
+    patch_log_callback(callbacks)
+    callback = callbacks.LogCallback()
+    callback.thread_pool = SimpleNamespace(submit=lambda function, *args: function(*args))
+    args = SimpleNamespace(should_save=True, output_dir=str(tmp_path))
+    for entry in ({"loss": 2.0, "kd_loss": 0.8, "ce_loss": 0.3}, {"loss": 1.5}):
+        state = SimpleNamespace(global_step=1, log_history=[entry], num_input_tokens_seen=0)
+        callback.on_log(args, state, control=None)
+    lines = [json.loads(line) for line in (tmp_path / "trainer_log.jsonl").read_text().splitlines()]
+    assert (lines[0]["loss"], lines[0]["kd_loss"], lines[0]["ce_loss"]) == (2.0, 0.8, 0.3)
+    assert lines[1]["loss"] == 1.5 and "kd_loss" not in lines[1]
+    assert "_write_log" not in vars(callback)

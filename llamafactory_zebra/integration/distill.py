@@ -20,7 +20,7 @@ from typing import Any
 from ..distill.checks import check_distill_setup
 from ..distill.metrics import METRIC_PREFIXES
 from ..hparams import ZebraArguments
-from .seams import is_wrapped, upstream, wrap
+from .seams import is_wrapped, upstream, wrap, wrapped_method
 
 
 def distill_step(distill: ZebraArguments, parsed: tuple[Any, ...], logger: Any) -> None:
@@ -65,10 +65,12 @@ def patch_log_callback(callbacks: ModuleType) -> None:
         extra = {k: v for k, v in latest.items() if k.startswith(METRIC_PREFIXES)}
         if not extra:
             return on_log(self, args, state, control, **kwargs)
-        self._write_log = lambda output_dir, logs: write_log(self, output_dir, {**logs, **extra})
-        try:
+
+        @functools.wraps(self._write_log)
+        def write_log_with_distill_metrics(output_dir, logs):
+            return write_log(self, output_dir, {**logs, **extra})
+
+        with wrapped_method(self, "_write_log", write_log_with_distill_metrics):
             return on_log(self, args, state, control, **kwargs)
-        finally:
-            del self._write_log
 
     wrap(callbacks, "LogCallback.on_log", on_log_with_distill_metrics)
