@@ -28,9 +28,10 @@ import functools
 from types import ModuleType
 from typing import Any
 
-from ..configuration_zebra import ZebraConfig, checkpoint_layout
+from ..configuration_zebra import ZebraConfig
 from ..distill.args import pop_distill_args
 from ..distill.trainer import distill_trainer
+from ..released import checkpoint_layout, load_checkpoint_config
 from .config_conflicts import arguments_source
 from .distill import distill_step
 from .guards import check_training_setup
@@ -88,7 +89,7 @@ def on_parser_loaded(parser: ModuleType) -> None:
         args, distill = pop_distill_args(args)
         parsed = get_train_args(args)
         path = parsed[0].model_name_or_path
-        config = ZebraConfig.from_pretrained(path) if checkpoint_layout(path) else None
+        config = load_checkpoint_config(path) if checkpoint_layout(path) else None
         sequence_parallel_step(sp, parsed, config, parser.logger)
         tiled_mlp_step(tiled, parsed)
         distill_step(distill, parsed, parser.logger)

@@ -15,7 +15,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..configuration_zebra import PRESET_HUB_IDS, PRESETS, ZebraConfig, checkpoint_layout
+from ..configuration_zebra import ZebraConfig
+from ..presets import PRESET_HUB_IDS, PRESETS
+from ..released import checkpoint_layout, load_checkpoint_config
 from ..training_yaml import read_training_yaml
 from .plan import TrainingSetup
 
@@ -32,7 +34,7 @@ def resolve_model_config(name_or_path: str) -> tuple[ZebraConfig, str]:
                 f"model_name_or_path {name_or_path}: not a Zebra checkpoint (expected a config.json with "
                 f"model_type {ZebraConfig.model_type!r}, or AMD's layout with a hybrid_config.json)"
             )
-        return ZebraConfig.from_pretrained(name_or_path), name_or_path
+        return load_checkpoint_config(name_or_path), name_or_path
     if name_or_path in PRESETS:
         return ZebraConfig.from_preset(name_or_path), f"preset {name_or_path}"
     by_hub_id = {hub_id: preset for preset, hub_id in PRESET_HUB_IDS.items()}
