@@ -32,12 +32,13 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_u
 from transformers.modeling_utils import PreTrainedModel
 
 from .configuration_zebra import MLA, ZebraConfig
+from .layers.flash_attention import FLASH_ATTENTION_BACKENDS
 from .layers.gated_deltanet import ZebraGatedDeltaNet, ZebraShortConv, gdn_decay_init
 from .layers.mla import ZebraMLA
 from .layers.norms import ZebraRMSNorm
 from .layers.tiled_mlp import AUTO, set_mlp_tiles, tiled_mlp_forward
 from .loss import fused_causal_lm_loss, liger_can_run
-from .packing import block_causal_mask, cu_seqlens_from_segment_ids, packed_segment_ids
+from .packing import block_causal_mask, cu_seqlens_from_segment_ids, flash_varlen_kwargs, packed_segment_ids
 from .parallel import SequenceParallelContext, build_sequence_parallel_context, gather_row_segment_ids
 from .released import RELEASED_LAYOUT, checkpoint_layout, load_released_config
 
@@ -414,14 +415,9 @@ class ZebraModel(ZebraPreTrainedModel):
         if sp_context is not None:
             inputs.update(cu_seqlens=sp_context.cu_seqlens, sp_context=sp_context)
             return inputs
-        cu_seqlens = inputs["cu_seqlens"] = cu_seqlens_from_segment_ids(segment_ids)
-        if self.config._attn_implementation in ("flash_attention_2", "flash_attention_3"):
-            # The borders themselves, over all B * T tokens: transformers reads packing from restarting
-            # position_ids only for a batch of one row, and would attend across samples otherwise.
-            max_length = int(cu_seqlens.diff().max())
-            inputs.update(
-                cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_length, max_length_k=max_length
-            )
+        inputs["cu_seqlens"] = cu_seqlens_from_segment_ids(segment_ids)
+        if self.config._attn_implementation in FLASH_ATTENTION_BACKENDS:
+            inputs.update(flash_varlen_kwargs(segment_ids))
         elif attention_mask is not None and attention_mask.dim() == 4:
             inputs["attention_mask"] = attention_mask
         else:

@@ -16,14 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from ..configuration_zebra import ZebraConfig
+from ..layers.flash_attention import attn_implementation_for
 from ..presets import PRESET_HUB_IDS, PRESETS
 from ..released import checkpoint_layout, load_checkpoint_config
 from ..training_yaml import read_training_yaml
+from .activations import ATTENTION_BACKENDS as ACTIVATION_BACKENDS
 from .plan import TrainingSetup
 
 # The plugin's sequence-parallel key (LLaMA-Factory 0.9.5 has none): tokens per GPU = cutoff_len / SP.
 SEQUENCE_PARALLEL_KEY = "sequence_parallel_size"
-ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "fa2": "flash_attention_2", "fa3": "flash_attention_2"}
 
 
 def resolve_model_config(name_or_path: str) -> tuple[ZebraConfig, str]:
@@ -116,11 +117,14 @@ def setup_from_yaml(
     if model_args.model_name_or_path is None:
         raise ValueError(f"{path}: model_name_or_path is missing")
     config, label = resolve_model_config(model_args.model_name_or_path)
-    flash_attn = str(model_args.flash_attn)
-    if flash_attn not in ATTENTION:
+    try:
+        attention = attn_implementation_for(model_args.flash_attn)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+    if attention not in ACTIVATION_BACKENDS:
         raise ValueError(
-            f"{path}: flash_attn {flash_attn!r} (eager attention) keeps a T×T score matrix per head; the planner "
-            f"models {', '.join(ATTENTION)} only"
+            f"{path}: flash_attn {model_args.flash_attn!s} ({attention} attention) keeps a T×T score matrix per "
+            f"head; the planner models {', '.join(ACTIVATION_BACKENDS)} only"
         )
     if finetuning_args.pure_bf16:
         precision = "pure_bf16"
@@ -150,7 +154,7 @@ def setup_from_yaml(
         gradient_checkpointing=not model_args.disable_gradient_checkpointing,
         checkpoints_on_cpu=bool(model_args.use_unsloth_gc),
         fused_cross_entropy=bool(model_args.enable_liger_kernel),
-        attention=ATTENTION[flash_attn],
+        attention=attention,
         packing=bool(data_args.packing) or bool(data_args.neat_packing),
         **_deepspeed_setup(_training_field(values, "deepspeed"), Path(path).parent, config.hidden_size),
     )
