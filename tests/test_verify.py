@@ -89,6 +89,18 @@ def test_a_truncated_shard_is_named_on_the_last_line(tiny_model_dir, tmp_path, c
     assert last.startswith(f"llamafactory-zebra verify: {shard}: not a readable safetensors file (")
 
 
+def test_a_config_that_fails_validation_is_the_last_line(tiny_model_dir, tmp_path, capfd):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["layers_block_type"] = ["gdn", "mla", "attention", "gdn"]
+    (broken / "config.json").write_text(json.dumps(config))
+    assert main(["verify", str(broken)]) == 2
+    assert "ZebraConfig.layer_types: entry 2 is 'attention'" in _last_line(capfd)
+
+
 def test_an_untrained_model_is_inconclusive_not_ok(tiny_model_dir, capfd):
     assert main(["verify", str(tiny_model_dir), "--max-tokens", str(TOKENS), "--dtype", "float32"]) == 3
     last = _last_line(capfd)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 
 from ..configuration_zebra import MLA_NORM_NONE, ZebraConfig
 from ..layers.mla import ZebraMLA
@@ -172,7 +173,7 @@ def load_checkpoint(model_dir: str, dtype: torch.dtype) -> tuple[torch.nn.Module
         checkpoint_keys(model_dir)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model = ZebraForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, StrictDataclassError) as error:
         raise CheckpointNotLoadable(str(error)) from error
     return model.eval(), tokenizer
 
