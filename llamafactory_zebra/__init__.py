@@ -7,8 +7,9 @@ Importing the package registers ``model_type="zebra"`` with transformers' Auto c
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from .configuration_zebra import PRESETS, ZebraConfig
+from .configuration_zebra import ZebraConfig
 from .modeling_zebra import ZebraForCausalLM, ZebraHybridCache, ZebraModel, ZebraPreTrainedModel
+from .presets import PRESETS
 
 __version__ = "0.1.0"
 

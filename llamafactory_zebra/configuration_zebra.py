@@ -1,22 +1,18 @@
 """Configuration of the Zebra hybrids: Qwen3 decoders whose token mixers are MLA or Gated DeltaNet.
 
-The numbers of the released checkpoints are in ``docs/architecture.md``; ``from_preset`` reproduces
-them, and ``from_released`` translates the layout AMD published (a Qwen3 ``config.json`` plus a
-``hybrid_config.json`` that holds the layer plan) into a native ``ZebraConfig``.
+Fields and their validation only, as transformers' ``Qwen3NextConfig``. The released shapes are in
+``presets.py`` (``ZebraConfig.from_preset``); AMD's released layout (a Qwen3 ``config.json`` plus a
+``hybrid_config.json``) is translated by ``released/``.
 """
 
 from __future__ import annotations
 
-import copy
-import json
-import logging
-import os
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
-logger = logging.getLogger(__name__)
+from .presets import preset_values
 
 MLA = "mla"
 GDN = "gdn"
@@ -28,37 +24,14 @@ MLA_NORM_LORA = "lora"
 MLA_NORM_NONE = "none"
 MLA_NORMS = (MLA_NORM_QK_HEAD, MLA_NORM_LORA, MLA_NORM_NONE)
 
-RELEASED_HYBRID_CONFIG = "hybrid_config.json"
-
-# Hub ids of the checkpoints each preset describes (kept for users who have internet).
-PRESET_HUB_IDS = {
-    "qwen3-1.7b-7mla21gdn-1m": "amd/zebra_qwen3_7MLA21GDN_noT_SFT_1M_combined_fCE",
-    "qwen3-1.7b-7mla21gdn-64k": "amd/HyLo-Qwen-7MLA21GDN-64K",
-    "qwen3-1.7b-7mla21gdn-8k": "amd/HyLo-Qwen-7MLA21GDN-8K",
-}
-
-_QWEN3_1_7B = {
-    "vocab_size": 151936,
-    "hidden_size": 2048,
-    "intermediate_size": 6144,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "rms_norm_eps": 1e-6,
-    "bos_token_id": 151643,
-    "eos_token_id": 151645,
-}
+_ROPE_TYPES = ("default", "linear", "dynamic", "yarn")
 
 
 def _every_fourth_from_one(num_layers: int) -> list[str]:
     return [MLA if i % 4 == 1 else GDN for i in range(num_layers)]
 
 
-def _even_indices(num_layers: int) -> list[str]:
-    return [MLA if i % 2 == 0 else GDN for i in range(num_layers)]
-
-
-def _layer_types_from_mla_indices(mla_layers: Any, num_layers: int) -> list[str]:
+def layer_types_from_mla_indices(mla_layers: Any, num_layers: int) -> list[str]:
     """``mla_layers=[1, 5, ...]`` is the released configs' spelling of the plan; everything else is GDN."""
     if not isinstance(mla_layers, list | tuple) or not all(
         isinstance(i, int) and not isinstance(i, bool) for i in mla_layers
@@ -79,64 +52,6 @@ def _fail(field: str, message: str) -> None:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-_ROPE_TYPES = ("default", "linear", "dynamic", "yarn")
-
-
-def _yarn(factor: float, original: int = 32768) -> dict[str, Any]:
-    return {
-        "rope_type": "yarn",
-        "rope_theta": 1_000_000.0,
-        "factor": factor,
-        "original_max_position_embeddings": original,
-    }
-
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "qwen3-1.7b-7mla21gdn-1m": {
-        **_QWEN3_1_7B,
-        "layer_types": _every_fourth_from_one(28),
-        "max_position_embeddings": 1_048_576,
-        "rope_parameters": _yarn(32.0),
-    },
-    "qwen3-1.7b-7mla21gdn-64k": {
-        **_QWEN3_1_7B,
-        "layer_types": _every_fourth_from_one(28),
-        "max_position_embeddings": 65_536,
-        "rope_parameters": _yarn(2.0),
-    },
-    "qwen3-1.7b-7mla21gdn-8k": {
-        **_QWEN3_1_7B,
-        "layer_types": _every_fourth_from_one(28),
-        "max_position_embeddings": 32_768,
-    },
-    "qwen3-1.7b-14mla14gdn": {
-        **_QWEN3_1_7B,
-        "layer_types": _even_indices(28),
-        "max_position_embeddings": 32_768,
-    },
-    # Both mixers, every code path, a few hundred thousand parameters: CPU tests and the quickstart.
-    "tiny": {
-        "vocab_size": 1024,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 4,
-        "layer_types": _every_fourth_from_one(4),
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "q_lora_rank": 48,
-        "kv_lora_rank": 32,
-        "qk_nope_head_dim": 16,
-        "qk_rope_head_dim": 16,
-        "v_head_dim": 32,
-        "gdn_num_heads": 2,
-        "gdn_head_dim": 32,
-        "max_position_embeddings": 4096,
-        "bos_token_id": None,
-        "eos_token_id": None,
-    },
-}
 
 
 @strict
@@ -201,10 +116,20 @@ class ZebraConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = 151645
 
     def __post_init__(self, **kwargs):
+        other_model = kwargs.get("model_type", self.model_type)
+        if other_model != self.model_type:
+            # Would otherwise build a Zebra config from another model's fields, with the default plan.
+            _fail(
+                "model_type",
+                f"this config.json describes a {other_model!r} model, not {self.model_type!r}. A directory whose "
+                "config.json is Qwen3's and that holds a hybrid_config.json is AMD's released layout: load it with "
+                "ZebraForCausalLM.from_pretrained(path) or llamafactory_zebra.released.load_released_config(path), "
+                "or write a native copy with `llamafactory-zebra import RELEASED_DIR OUTPUT_DIR`",
+            )
         layer_types = kwargs.pop("layer_types", None)
         mla_layers = kwargs.pop("mla_layers", None)
         if mla_layers is not None:
-            layer_types = _layer_types_from_mla_indices(mla_layers, self.num_hidden_layers)
+            layer_types = layer_types_from_mla_indices(mla_layers, self.num_hidden_layers)
         if layer_types is not None:
             self.layer_types = list(layer_types) if isinstance(layer_types, tuple) else layer_types
         if self.layer_types is None:
@@ -312,209 +237,8 @@ class ZebraConfig(PreTrainedConfig):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ZebraConfig:
-        """Configurations of the released checkpoints (and ``tiny`` for CPU work), by name."""
-        if name not in PRESETS:
-            raise ValueError(f"Unknown Zebra preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
-        values = copy.deepcopy(PRESETS[name])
-        values.update(overrides)
-        return cls(**values)
-
-    @classmethod
-    def from_released(cls, base_config: dict[str, Any], hybrid_config: dict[str, Any]) -> ZebraConfig:
-        """Translate AMD's released layout: Qwen3's ``config.json`` plus ``hybrid_config.json``."""
-        return cls(**released_layout_to_kwargs(base_config, hybrid_config))
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """Also accepts a directory in the released layout (detected by its ``hybrid_config.json``)."""
-        path = os.fspath(pretrained_model_name_or_path)
-        if checkpoint_layout(path) == RELEASED_LAYOUT:
-            for key in [k for k in kwargs if k.startswith("_") or k in _HUB_LOADING_KWARGS]:
-                kwargs.pop(key)
-            result = cls.from_dict(released_directory_kwargs(path), **kwargs)
-            config = result[0] if isinstance(result, tuple) else result
-            config._name_or_path = path
-            return result
-        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        """Configurations of the released checkpoints (and ``tiny`` for CPU work), by name (``presets.py``)."""
+        return cls(**preset_values(name, **overrides))
 
 
-# Hub/download options that from_pretrained receives but a local released directory does not use.
-_HUB_LOADING_KWARGS = {
-    "cache_dir",
-    "force_download",
-    "proxies",
-    "token",
-    "revision",
-    "local_files_only",
-    "subfolder",
-    "gguf_file",
-    "trust_remote_code",
-    "code_revision",
-}
-
-# Fields of hybrid_config.json that name a ZebraConfig attribute directly.
-_HYBRID_FIELD_MAP = {
-    "q_lora_rank": "q_lora_rank",
-    "kv_lora_rank": "kv_lora_rank",
-    "qk_rope_head_dim": "qk_rope_head_dim",
-    "qk_nope_head_dim": "qk_nope_head_dim",
-    "v_head_dim": "v_head_dim",
-    "gdn_num_heads": "gdn_num_heads",
-    "gdn_head_dim": "gdn_head_dim",
-    "gdn_expand_v": "gdn_expand_v",
-    "gdn_conv_size": "gdn_conv_size",
-    "conv_size": "gdn_conv_size",
-    "num_attention_heads": "num_attention_heads",
-    "num_key_value_heads": "num_key_value_heads",
-    "max_position_embeddings": "max_position_embeddings",
-}
-_QWEN3_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "hidden_act",
-    "max_position_embeddings",
-    "initializer_range",
-    "rms_norm_eps",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "attention_bias",
-    "attention_dropout",
-)
-# hybrid_config.json keys that describe the recipe rather than the architecture, or are read explicitly.
-_HYBRID_IGNORED = {
-    "linear_type",
-    "mla_layers",
-    "rope_scaling",
-    "rope_theta",
-    "model_type",
-    "architectures",
-    "use_lora_layer_norm",
-    "use_full_kv_head",
-}
-
-
-def released_layout_to_kwargs(base_config: dict[str, Any], hybrid_config: dict[str, Any]) -> dict[str, Any]:
-    """ZebraConfig keyword arguments for AMD's layout (files only; ``released_directory_kwargs`` also reads
-    the weights' key names for the MLA norm placement).
-
-    AMD's code decides some things the files do not say: RoPE rotates interleaved pairs
-    (``rope_interleave: true``), the head is untied whatever Qwen3's ``tie_word_embeddings`` says (the
-    published parameter counts need it), and with YaRN the context is ``original × factor`` (the
-    ``max_position_embeddings`` in the files is Qwen3's 40960).
-    """
-    if hybrid_config.get("linear_type", "gdn") != "gdn":
-        raise ValueError(
-            f"{RELEASED_HYBRID_CONFIG}: linear_type {hybrid_config['linear_type']!r} is not supported; "
-            "only 'gdn' (Gated DeltaNet) hybrids are Zebra models"
-        )
-    if "mla_layers" not in hybrid_config:
-        raise ValueError(f"{RELEASED_HYBRID_CONFIG}: missing 'mla_layers' (the indices of the MLA layers)")
-    num_layers = hybrid_config.get("num_hidden_layers", base_config.get("num_hidden_layers"))
-    if not isinstance(num_layers, int):
-        raise ValueError("config.json: missing integer 'num_hidden_layers'")
-    try:
-        layer_types = _layer_types_from_mla_indices(hybrid_config["mla_layers"], num_layers)
-    except ValueError as error:
-        raise ValueError(f"{RELEASED_HYBRID_CONFIG}: {error}") from None
-    kwargs: dict[str, Any] = {key: base_config[key] for key in _QWEN3_FIELDS if key in base_config}
-    if "torch_dtype" in base_config or "dtype" in base_config:
-        kwargs["dtype"] = base_config.get("dtype", base_config.get("torch_dtype"))
-    kwargs["num_hidden_layers"] = num_layers
-    kwargs["layer_types"] = layer_types
-    kwargs["tie_word_embeddings"] = False
-    kwargs["rope_interleave"] = True
-    for source, target in _HYBRID_FIELD_MAP.items():
-        if source in hybrid_config:
-            kwargs[target] = hybrid_config[source]
-    kwargs["mla_norm"] = MLA_NORM_LORA if hybrid_config.get("use_lora_layer_norm") else MLA_NORM_QK_HEAD
-    if hybrid_config.get("use_full_kv_head"):
-        # AMD's MLA then expands the latent to every query head: K/V heads = query heads.
-        kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", ZebraConfig.num_attention_heads)
-    rope_theta = hybrid_config.get("rope_theta", base_config.get("rope_theta", 1_000_000.0))
-    rope = hybrid_config.get("rope_scaling") or base_config.get("rope_scaling")
-    if rope:
-        rope = dict(rope)
-        if "type" in rope and "rope_type" not in rope:
-            rope["rope_type"] = rope.pop("type")
-        rope.setdefault("rope_theta", rope_theta)
-        kwargs["rope_parameters"] = rope
-        if rope.get("rope_type") == "yarn" and "original_max_position_embeddings" in rope and "factor" in rope:
-            kwargs["max_position_embeddings"] = int(rope["original_max_position_embeddings"] * rope["factor"])
-    else:
-        kwargs["rope_parameters"] = {"rope_type": "default", "rope_theta": rope_theta}
-    unknown = sorted(set(hybrid_config) - set(_HYBRID_FIELD_MAP) - _HYBRID_IGNORED - set(_QWEN3_FIELDS))
-    if unknown:
-        logger.warning("%s: ignoring fields Zebra does not use: %s", RELEASED_HYBRID_CONFIG, ", ".join(unknown))
-    return kwargs
-
-
-def released_directory_kwargs(path: str) -> dict[str, Any]:
-    """``released_layout_to_kwargs`` for a directory, with ``mla_norm`` decided by the weights' MLA keys."""
-    from .checkpoint import detect_mla_norm
-
-    kwargs = released_layout_to_kwargs(*_read_released_files(path))
-    stated = kwargs["mla_norm"]
-    detected = detect_mla_norm(path, ZebraConfig(**kwargs))
-    if detected is not None:
-        if detected == MLA_NORM_QK_HEAD and stated == MLA_NORM_LORA:
-            raise ValueError(
-                f"{path}: {RELEASED_HYBRID_CONFIG} sets use_lora_layer_norm but the weights carry q_norm/k_norm "
-                "(mla_norm 'qk_head'), not q_a_layernorm/kv_a_layernorm"
-            )
-        kwargs["mla_norm"] = detected
-    return kwargs
-
-
-def _read_released_files(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-        base = json.load(f)
-    with open(os.path.join(path, RELEASED_HYBRID_CONFIG), encoding="utf-8") as f:
-        hybrid = json.load(f)
-    return base, hybrid
-
-
-def load_released_config(path: str) -> ZebraConfig:
-    """Read a released-layout directory (``config.json`` + ``hybrid_config.json`` + the weights' key names)."""
-    config = ZebraConfig(**released_directory_kwargs(path))
-    config._name_or_path = path
-    return config
-
-
-NATIVE_LAYOUT = "native"
-RELEASED_LAYOUT = "released"
-
-
-def checkpoint_layout(path: str | os.PathLike | None) -> str | None:
-    """Whether a local directory holds a Zebra checkpoint, and in which layout.
-
-    ``RELEASED_LAYOUT`` for AMD's (Qwen3's ``config.json`` plus a ``hybrid_config.json``), ``NATIVE_LAYOUT``
-    for a ``config.json`` with ``model_type: zebra`` (what ``save_pretrained`` writes), ``None`` for
-    anything else: no path, not a directory, another model. Every tool that must tell a Zebra
-    checkpoint from another one asks this function.
-    """
-    if not path or not os.path.isdir(path):
-        return None
-    if os.path.isfile(os.path.join(path, RELEASED_HYBRID_CONFIG)):
-        return RELEASED_LAYOUT
-    config_file = os.path.join(path, "config.json")
-    if os.path.isfile(config_file):
-        with open(config_file, encoding="utf-8") as f:
-            if json.load(f).get("model_type") == ZebraConfig.model_type:
-                return NATIVE_LAYOUT
-    return None
-
-
-__all__ = [
-    "ZebraConfig",
-    "PRESETS",
-    "PRESET_HUB_IDS",
-    "NATIVE_LAYOUT",
-    "RELEASED_LAYOUT",
-    "checkpoint_layout",
-    "load_released_config",
-]
+__all__ = ["ZebraConfig", "MLA", "GDN", "LAYER_TYPES", "MLA_NORMS"]

@@ -14,6 +14,7 @@ for FlashAttention-2's varlen path) to MLA.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -31,13 +32,15 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_u
 from transformers.modeling_utils import PreTrainedModel
 
 from .configuration_zebra import MLA, ZebraConfig
+from .layers.flash_attention import FLASH_ATTENTION_BACKENDS
 from .layers.gated_deltanet import ZebraGatedDeltaNet, ZebraShortConv, gdn_decay_init
 from .layers.mla import ZebraMLA
 from .layers.norms import ZebraRMSNorm
 from .layers.tiled_mlp import AUTO, set_mlp_tiles, tiled_mlp_forward
 from .loss import fused_causal_lm_loss, liger_can_run
-from .packing import block_causal_mask, cu_seqlens_from_segment_ids, packed_segment_ids
+from .packing import block_causal_mask, cu_seqlens_from_segment_ids, flash_varlen_kwargs, packed_segment_ids
 from .parallel import SequenceParallelContext, build_sequence_parallel_context, gather_row_segment_ids
+from .released import RELEASED_LAYOUT, checkpoint_layout, load_released_config
 
 
 class ZebraMLP(nn.Module):
@@ -246,18 +249,29 @@ class ZebraPreTrainedModel(PreTrainedModel):
     _is_stateful = True
 
     @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        """As transformers', but weights that do not match the layer plan are an error, not a warning."""
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, config=None, **kwargs):
+        """As transformers', with two Zebra rules.
+
+        - A directory in AMD's released layout loads with the config ``released.load_released_config``
+          translates (transformers would read its ``config.json`` as the Qwen3 it describes); keyword
+          arguments that are config fields (``use_cache=False``…) go into that config, as they would
+          into a native one.
+        - Weights that do not match the layer plan are an error, not a warning.
+        """
+        if config is None and checkpoint_layout(pretrained_model_name_or_path) == RELEASED_LAYOUT:
+            fields = {field.name for field in dataclasses.fields(ZebraConfig)} - {"dtype"}
+            overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in fields}
+            config = load_released_config(pretrained_model_name_or_path, **overrides)
         want_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        model, info = super().from_pretrained(
+            pretrained_model_name_or_path, *args, config=config, output_loading_info=True, **kwargs
+        )
         problems = {kind: sorted(info.get(kind) or ()) for kind in ("missing_keys", "unexpected_keys")}
         if any(problems.values()):
             details = "; ".join(
                 f"{kind} ({len(keys)}): {', '.join(map(str, keys[:8]))}" for kind, keys in problems.items() if keys
             )
-            raise ValueError(
-                f"{args[0] if args else kwargs.get('pretrained_model_name_or_path')}: weights do not match the Zebra config: {details}"
-            )
+            raise ValueError(f"{pretrained_model_name_or_path}: weights do not match the Zebra config: {details}")
         return (model, info) if want_info else model
 
     @torch.no_grad()
@@ -401,14 +415,9 @@ class ZebraModel(ZebraPreTrainedModel):
         if sp_context is not None:
             inputs.update(cu_seqlens=sp_context.cu_seqlens, sp_context=sp_context)
             return inputs
-        cu_seqlens = inputs["cu_seqlens"] = cu_seqlens_from_segment_ids(segment_ids)
-        if self.config._attn_implementation in ("flash_attention_2", "flash_attention_3"):
-            # The borders themselves, over all B * T tokens: transformers reads packing from restarting
-            # position_ids only for a batch of one row, and would attend across samples otherwise.
-            max_length = int(cu_seqlens.diff().max())
-            inputs.update(
-                cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens, max_length_q=max_length, max_length_k=max_length
-            )
+        inputs["cu_seqlens"] = cu_seqlens_from_segment_ids(segment_ids)
+        if self.config._attn_implementation in FLASH_ATTENTION_BACKENDS:
+            inputs.update(flash_varlen_kwargs(segment_ids))
         elif attention_mask is not None and attention_mask.dim() == 4:
             inputs["attention_mask"] = attention_mask
         else:

@@ -5,10 +5,10 @@ LLaMA-Factory hands a model its packed rows in one of three forms: ``packing`` r
 samples 1, 2, 3… in the 2-D ``attention_mask`` (0 = padding); a collator with ``block_diag_attn`` may
 send a 4-D block-diagonal mask instead. This module turns each form into one ``[B, T]`` tensor of
 segment ids, and segment ids into what the mixers read: ``cu_seqlens`` over the flattened ``B * T``
-tokens (GDN recurrence and convolutions, and FlashAttention's varlen path as ``cu_seq_lens_q/k``) and a
-block-causal boolean mask (sdpa/eager). The single-process model and sequence parallelism
-(which applies the same rule to whole rows gathered from their shards) both call it, so they isolate
-exactly the same tokens.
+tokens (GDN recurrence and convolutions), FlashAttention's varlen arguments (``flash_varlen_kwargs``),
+a block-causal boolean mask (sdpa/eager) and RoPE positions restarting per sample. The
+single-process model, sequence parallelism (which applies the same rule to whole rows gathered from
+their shards) and the distillation teacher all call it, so they isolate exactly the same tokens.
 
 Why not transformers' or LLaMA-Factory's helpers: transformers derives packed borders only inside its
 FlashAttention path (from ``position_ids``, for attention), and LLaMA-Factory's
@@ -172,18 +172,6 @@ def cu_seqlens_from_segment_ids(segment_ids: torch.Tensor) -> torch.Tensor:
     return cu_seqlens_from_starts(segment_starts(segment_ids))
 
 
-def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
-    """int32 ``[N + 1]`` borders for ``packing`` batches, read from ``position_ids`` alone.
-
-    Padding (position 0 repeated) becomes one-token segments, so it never shares a state with real
-    tokens; a row that starts mid-sample (a sequence-parallel shard) is its own segment.
-
-    >>> cu_seqlens_from_position_ids(torch.tensor([[0, 1, 2, 0, 1, 0, 0], [4096, 4097, 0, 1, 2, 3, 4]])).tolist()
-    [0, 3, 5, 6, 7, 9, 14]
-    """
-    return cu_seqlens_from_starts(sample_starts_from_position_ids(position_ids))
-
-
 def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     """``[B, 1, T, T]`` bool (True = may attend): causal, and only within the token's own segment id.
 
@@ -194,3 +182,38 @@ def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
     causal = torch.ones(length, length, dtype=torch.bool, device=segment_ids.device).tril()
     same = segment_ids[:, :, None] == segment_ids[:, None, :]
     return (same & causal)[:, None]
+
+
+def flash_varlen_kwargs(segment_ids: torch.Tensor) -> dict[str, torch.Tensor | int]:
+    """FlashAttention's varlen arguments for packed rows: each segment of ``segment_ids`` attends alone.
+
+    transformers' FlashAttention path takes ``cu_seq_lens_q/k`` and ``max_length_q/k`` as keyword
+    arguments and then needs no mask. It would infer borders from restarting ``position_ids`` only for
+    a batch of one row, and attend across samples in every row of a larger batch, so the borders over
+    all ``B * T`` tokens are given explicitly (padding stretches are segments of their own).
+
+    >>> kwargs = flash_varlen_kwargs(torch.tensor([[1, 1, 2, 2, 2, 0], [0, 0, 1, 1, 1, 1]]))
+    >>> kwargs["cu_seq_lens_q"].tolist(), kwargs["max_length_q"]
+    ([0, 2, 5, 6, 8, 12], 4)
+    >>> kwargs["cu_seq_lens_k"] is kwargs["cu_seq_lens_q"] and kwargs["max_length_k"] == kwargs["max_length_q"]
+    True
+    """
+    cu_seqlens = cu_seqlens_from_segment_ids(segment_ids)
+    max_length = int(cu_seqlens.diff().max())
+    return {
+        "cu_seq_lens_q": cu_seqlens,
+        "cu_seq_lens_k": cu_seqlens,
+        "max_length_q": max_length,
+        "max_length_k": max_length,
+    }
+
+
+def positions_within_segments(segment_ids: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` RoPE positions 0, 1, 2… restarting at each segment start: each packed sample's own.
+
+    >>> positions_within_segments(torch.tensor([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])).tolist()
+    [[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]]
+    """
+    index = torch.arange(segment_ids.shape[-1], device=segment_ids.device).expand_as(segment_ids)
+    starts = segment_starts(segment_ids)
+    return index - torch.where(starts, index, torch.zeros_like(index)).cummax(-1).values

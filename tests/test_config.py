@@ -5,7 +5,7 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
-from llamafactory_zebra.configuration_zebra import PRESETS
+from llamafactory_zebra.presets import PRESETS
 
 
 @pytest.mark.parametrize(
@@ -173,3 +173,12 @@ def test_importing_the_plugin_leaves_transformers_module_globals_alone():
     assert (
         "mla" not in configuration_utils.ALLOWED_LAYER_TYPES and "gdn" not in configuration_utils.ALLOWED_LAYER_TYPES
     )
+
+
+def test_preset_module_examples_run():
+    import doctest
+
+    from llamafactory_zebra import presets
+
+    results = doctest.testmod(presets)
+    assert results.attempted >= 2 and results.failed == 0

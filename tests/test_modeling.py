@@ -6,8 +6,9 @@ import pytest
 import torch
 from zebra_helpers import tiny_config, tiny_model, write_released_layout
 
-from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
+from llamafactory_zebra import ZebraForCausalLM
 from llamafactory_zebra.modeling_zebra import ZebraHybridCache
+from llamafactory_zebra.released import load_released_config
 
 LENGTHS = (5, 1, 12, 3, 9)  # a 1-token sample and samples shorter than the conv width
 
@@ -197,7 +198,7 @@ RELEASED_ROPE = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 32.0, "origin
 def test_released_layout_directory_loads(tmp_path):
     source = tiny_model(dtype=torch.float32, rope_parameters=dict(RELEASED_ROPE))
     write_released_layout(tmp_path / "released", source)
-    config = ZebraConfig.from_pretrained(tmp_path / "released")
+    config = load_released_config(tmp_path / "released")
     assert config.layer_types == source.config.layer_types
     assert config.rope_parameters["rope_type"] == "yarn" and config.rope_parameters["factor"] == 32.0
     assert config.max_position_embeddings == 32768 * 32
@@ -252,7 +253,7 @@ def test_released_layout_with_bad_plan_names_the_field(tmp_path):
     hybrid["mla_layers"] = [1, 40]
     (tmp_path / "released" / "hybrid_config.json").write_text(json.dumps(hybrid))
     with pytest.raises(ValueError, match="mla_layers"):
-        ZebraConfig.from_pretrained(tmp_path / "released")
+        load_released_config(tmp_path / "released")
 
 
 def test_fused_cross_entropy_matches_the_plain_loss():

@@ -8,12 +8,17 @@ import torch
 from llamafactory_zebra import packing
 from llamafactory_zebra.ops import chunk_gated_delta_rule
 from llamafactory_zebra.packing import (
-    cu_seqlens_from_position_ids,
     cu_seqlens_from_segment_ids,
     packed_segment_ids,
     sample_starts_from_position_ids,
+    segment_ids_from_position_ids,
 )
 from llamafactory_zebra.parallel import context as sp_context
+
+
+def cu_seqlens_from_position_ids(position_ids):
+    """Borders of a ``packing`` batch read from ``position_ids`` alone (padding: one-token segments)."""
+    return cu_seqlens_from_segment_ids(segment_ids_from_position_ids(position_ids))
 
 
 @pytest.mark.parametrize("module", [packing, sp_context], ids=lambda m: m.__name__)

@@ -348,3 +348,16 @@ def test_plan_names_the_bad_field(tmp_path, capsys):
     assert code == 2 and "model_name_or_path" in err and "qwen3-1.7b-7mla21gdn-1m" in err
     code, _, err = _run_plan(capsys, _write_yaml(tmp_path, deepspeed="missing.json"))
     assert code == 2 and "missing.json" in err
+
+
+@pytest.mark.parametrize(
+    ("flash_attn", "message"),
+    [
+        ("fa3", 'flash_attn: fa3 is not supported for Zebra: LLaMA-Factory 0.9.5 raises "Unknown attention type"'),
+        ("disabled", "flash_attn disabled (eager attention) keeps a T×T score matrix per head"),
+    ],
+)
+def test_plan_refuses_the_attention_it_cannot_model(tmp_path, capsys, flash_attn, message):
+    """The values come from ``layers/flash_attention.py``'s one table: fa3 refused, eager not modelled."""
+    code, out, err = _run_plan(capsys, _write_yaml(tmp_path, flash_attn=flash_attn))
+    assert code != 0 and message in out + err

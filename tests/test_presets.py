@@ -9,7 +9,7 @@ from unittest import mock
 
 import pytest
 
-from llamafactory_zebra.configuration_zebra import ZebraConfig
+from llamafactory_zebra import ZebraConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # file -> (ZeRO stage, optimizer offloaded, parameters offloaded)

@@ -1,5 +1,6 @@
 """``llamafactory-zebra verify`` on a tiny Zebra trained here on the shipped text: the convention it was
-trained with wins by a clear margin, and a config that names another convention is caught."""
+trained with wins by a clear margin, a config that names another convention is caught, an untrained model
+is inconclusive, and a missing directory or a truncated shard is named on the last line."""
 
 import json
 
@@ -8,8 +9,8 @@ import torch
 
 from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
 from llamafactory_zebra.cli.main import main
+from llamafactory_zebra.released.verify import score_conventions, verification_tokens
 from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
-from llamafactory_zebra.verification import score_conventions, verification_tokens
 
 TOKENS = 128
 
@@ -57,3 +58,69 @@ def test_a_config_with_the_wrong_rope_pairing_is_named(trained_dir, tmp_path, ca
     assert main(["verify", str(wrong), "--max-tokens", str(TOKENS), "--dtype", "float32"]) == 1
     out = capsys.readouterr().out
     assert "MISMATCH" in out and "set rope_interleave: true" in out and str(wrong / "config.json") in out
+
+
+def _last_line(capfd):
+    captured = capfd.readouterr()
+    assert "Traceback" not in captured.err
+    return [line for line in captured.out.splitlines() if line.strip()][-1]
+
+
+def test_a_missing_directory_is_named(tmp_path, capfd):
+    missing = tmp_path / "no-such-model"
+    assert main(["verify", str(missing)]) == 2
+    assert _last_line(capfd) == f"llamafactory-zebra verify: {missing}: no such directory"
+
+
+def _truncate(model_dir, tmp_path):
+    import shutil
+
+    copy = tmp_path / "truncated"
+    shutil.copytree(model_dir, copy)
+    shard = copy / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    return copy, shard
+
+
+def test_a_truncated_shard_is_named_on_the_last_line(tiny_model_dir, tmp_path, capfd):
+    copy, shard = _truncate(tiny_model_dir, tmp_path)
+    assert main(["verify", str(copy), "--dtype", "float32"]) == 2
+    last = _last_line(capfd)
+    assert last.startswith(f"llamafactory-zebra verify: {shard}: not a readable safetensors file (")
+
+
+def test_a_config_that_fails_validation_is_the_last_line(tiny_model_dir, tmp_path, capfd):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model_dir, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["layers_block_type"] = ["gdn", "mla", "attention", "gdn"]
+    (broken / "config.json").write_text(json.dumps(config))
+    assert main(["verify", str(broken)]) == 2
+    assert "ZebraConfig.layer_types: entry 2 is 'attention'" in _last_line(capfd)
+
+
+def test_an_untrained_model_is_inconclusive_not_ok(tiny_model_dir, capfd):
+    assert main(["verify", str(tiny_model_dir), "--max-tokens", str(TOKENS), "--dtype", "float32"]) == 3
+    last = _last_line(capfd)
+    assert last.startswith("INCONCLUSIVE: the best two conventions are within 1.0")
+    assert "OK" not in capfd.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_console_script_ends_with_the_file_name_of_a_truncated_shard(tiny_model_dir, tmp_path):
+    """The installed command, stdout and stderr together as a terminal shows them: the last line names the file."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    copy, shard = _truncate(tiny_model_dir, tmp_path)
+    script = Path(sys.executable).with_name("llamafactory-zebra")  # the environment's console script
+    result = subprocess.run(
+        [str(script), "verify", str(copy)], capture_output=True, text=True, timeout=300, check=False
+    )
+    output = (result.stdout + result.stderr).strip().splitlines()
+    assert result.returncode == 2, output[-20:]
+    assert "Traceback" not in result.stderr
+    assert output[-1].startswith(f"llamafactory-zebra verify: {shard}: not a readable safetensors file")

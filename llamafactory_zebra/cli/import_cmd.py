@@ -2,7 +2,8 @@
 
 Loading the released directory directly also works (``ZebraForCausalLM.from_pretrained`` and
 LLaMA-Factory with the plugin both detect ``hybrid_config.json``); this command is for tools that go
-through ``AutoConfig`` alone, such as vLLM-style loaders or plain ``AutoModelForCausalLM`` calls.
+through ``AutoConfig`` alone, which reads AMD's ``config.json`` as the Qwen3 model it describes. The
+logic is ``released/import_checkpoint.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import argparse
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint import import_released_checkpoint
+    from ..released.import_checkpoint import import_released_checkpoint
 
     try:
         path = import_released_checkpoint(args.released_dir, args.output_dir, link=not args.copy)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..configuration_zebra import PRESETS
+from ..presets import PRESETS
 
 LARGE_PRESET_PARAMETERS = 100_000_000
 

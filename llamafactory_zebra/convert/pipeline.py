@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..checkpoint import TOKENIZER_AND_GENERATION_FILES
 from ..configuration_zebra import GDN, MLA, MLA_NORM_NONE, MLA_NORM_QK_HEAD, ZebraConfig
+from ..released import TOKENIZER_AND_GENERATION_FILES
 from .gdn_init import init_gdn_from_attention
 from .mla_init import init_mla_from_attention
 from .plan import (

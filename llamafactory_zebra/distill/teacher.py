@@ -8,11 +8,9 @@ full size in traffic per step), while a bf16 Qwen3-8B copy is 16 GB per GPU — 
 
 Packed batches: the student (Zebra) reads LLaMA-Factory's neat-packing segment ids from the 2-D mask
 itself; a Transformer teacher would read them as a plain padding mask and attend across samples. The
-teacher gets a 4-D block-diagonal causal mask instead, or, with FlashAttention-2, the samples' borders
-as FlashAttention's varlen arguments (``cu_seq_lens_q/k``, ``max_length_q/k``, which transformers' FA2
-path takes as keyword arguments) and positions restarting per sample. Restarting ``position_ids`` alone
-would not do: transformers infers borders from them only for a batch of one row, and attends across
-samples in every row of a larger batch.
+teacher gets a 4-D block-diagonal causal mask instead, or, with FlashAttention, the samples' borders
+as its varlen arguments and positions restarting per sample (``packing.flash_varlen_kwargs`` and
+``packing.positions_within_segments``, the rules the student follows).
 """
 
 from __future__ import annotations
@@ -25,14 +23,7 @@ import torch
 from torch import nn
 
 from ..layers.flash_attention import FLASH_ATTENTION_BACKENDS, register_sinkless_flash_attention
-from ..packing import block_causal_mask, cu_seqlens_from_segment_ids, packed_segment_ids, segment_starts
-
-
-def positions_within_segments(segment_ids: torch.Tensor) -> torch.Tensor:
-    """0, 1, 2… restarting at each new segment: each packed sample's own RoPE positions."""
-    index = torch.arange(segment_ids.shape[-1], device=segment_ids.device).expand_as(segment_ids)
-    starts = segment_starts(segment_ids)
-    return index - torch.where(starts, index, torch.zeros_like(index)).cummax(-1).values
+from ..packing import block_causal_mask, flash_varlen_kwargs, packed_segment_ids, positions_within_segments
 
 
 @contextlib.contextmanager
@@ -92,17 +83,8 @@ def teacher_inputs(
         return inputs, real
     real = segments != 0
     if flash_attention:
-        cu_seqlens = cu_seqlens_from_segment_ids(segments)
-        max_length = int(cu_seqlens.diff().max())
-        inputs = {
-            "input_ids": input_ids,
-            "position_ids": positions_within_segments(segments),
-            "cu_seq_lens_q": cu_seqlens,
-            "cu_seq_lens_k": cu_seqlens,
-            "max_length_q": max_length,
-            "max_length_k": max_length,
-        }
-        return inputs, real
+        inputs = {"input_ids": input_ids, "position_ids": positions_within_segments(segments)}
+        return {**inputs, **flash_varlen_kwargs(segments)}, real
     visible = block_causal_mask(segments)
     additive = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(
         ~visible, torch.finfo(dtype).min

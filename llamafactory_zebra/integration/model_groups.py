@@ -4,7 +4,7 @@ LLaMA-Factory assigns a group's template only to names containing ``-Instruct``/
 ``-Thinking``; all released Zebra/HyLo checkpoints are chat-tuned, hence the ``-Instruct`` names.
 """
 
-from ..configuration_zebra import PRESET_HUB_IDS
+from ..presets import PRESET_HUB_IDS
 
 MODEL_GROUPS: list[dict[str, str]] = [
     {

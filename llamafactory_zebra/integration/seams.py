@@ -38,13 +38,8 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from ..configuration_zebra import (
-    RELEASED_HYBRID_CONFIG,
-    RELEASED_LAYOUT,
-    ZebraConfig,
-    checkpoint_layout,
-    load_released_config,
-)
+from ..configuration_zebra import ZebraConfig
+from ..released import RELEASED_HYBRID_CONFIG, RELEASED_LAYOUT, checkpoint_layout, load_released_config
 
 # Every name in LLaMA-Factory (and the few in transformers, accelerate and DeepSpeed) that the plugin wraps,
 # replaces or relies on: (module, attribute — dotted for class members, parameters relied on, in order).

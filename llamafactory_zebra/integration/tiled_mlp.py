@@ -13,8 +13,8 @@ from typing import Any
 
 from torch import nn
 
-from ..configuration_zebra import checkpoint_layout
 from ..layers.tiled_mlp import AUTO, set_mlp_tiles
+from ..released import checkpoint_layout
 
 
 def check_tiled_mlp_setup(model_args: Any, training_args: Any) -> None:

@@ -28,8 +28,9 @@ import functools
 from types import ModuleType
 from typing import Any
 
-from ..configuration_zebra import ZebraConfig, checkpoint_layout
+from ..configuration_zebra import ZebraConfig
 from ..hparams import ZebraArguments, pop_zebra_arguments, store_zebra_arguments, zebra_arguments
+from ..released import checkpoint_layout, load_checkpoint_config
 from .config_conflicts import arguments_source
 from .distill import distill_step
 from .guards import check_training_setup
@@ -79,7 +80,7 @@ def on_parser_loaded(parser: ModuleType) -> None:
         parsed = get_train_args(args)
         store_zebra_arguments(parsed[3], zebra)
         path = parsed[0].model_name_or_path
-        config = ZebraConfig.from_pretrained(path) if checkpoint_layout(path) else None
+        config = load_checkpoint_config(path) if checkpoint_layout(path) else None
         sequence_parallel_step(zebra.sequence_parallel_size, parsed, config, parser.logger)
         tiled_mlp_step(zebra.tiled_mlp, parsed)
         distill_step(zebra, parsed, parser.logger)

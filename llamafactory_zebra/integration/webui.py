@@ -21,7 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from ..configuration_zebra import PRESETS
+from ..presets import PRESETS
 from .seams import is_wrapped, upstream, wrap
 
 LOCALHOST_IPV4 = "127.0.0.1"

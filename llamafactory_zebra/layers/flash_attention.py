@@ -19,7 +19,38 @@ from torch import nn
 from transformers.integrations.flash_attention import get_target_dtype
 from transformers.modeling_flash_attention_utils import _flash_attention_forward, flash_attn_supports_top_left_mask
 
+# The attention Zebra takes — the one list; the model, sequence parallelism, the distillation teacher,
+# the planner and the guards read it. As transformers' ``attn_implementation``: FlashAttention gets the
+# packed samples' borders as varlen arguments, eager/sdpa a block-causal mask (``packing.py``).
 FLASH_ATTENTION_BACKENDS = ("flash_attention_2", "flash_attention_3")
+MASK_BACKENDS = ("eager", "sdpa")
+
+# As LLaMA-Factory's ``flash_attn``, with the ``attn_implementation`` it gives a Zebra model: ``auto``
+# keeps transformers' default (sdpa), and ``fa2`` falls back to sdpa when flash-attn is not installed.
+LLAMAFACTORY_FLASH_ATTN = {"auto": "sdpa", "disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2"}
+# LLaMA-Factory values Zebra cannot run with, and why.
+REFUSED_FLASH_ATTN = {
+    "fa3": 'LLaMA-Factory 0.9.5 raises "Unknown attention type" for it when it loads the model, after the dataset '
+    "is tokenised; use flash_attn: fa2 on GPUs (FlashAttention-2's varlen path keeps packed samples apart) or sdpa",
+}
+
+
+def attn_implementation_for(flash_attn: object) -> str:
+    """The ``attn_implementation`` a Zebra model gets from LLaMA-Factory's ``flash_attn`` (a string or its enum).
+
+    >>> attn_implementation_for("fa2"), attn_implementation_for("auto")
+    ('flash_attention_2', 'sdpa')
+    >>> attn_implementation_for("fa3")
+    Traceback (most recent call last):
+    ...
+    ValueError: flash_attn: fa3 is not supported for Zebra: LLaMA-Factory 0.9.5 raises "Unknown attention type" ...
+    """
+    value = str(getattr(flash_attn, "value", flash_attn))
+    if value in REFUSED_FLASH_ATTN:
+        raise ValueError(f"flash_attn: {value} is not supported for Zebra: {REFUSED_FLASH_ATTN[value]}")
+    if value not in LLAMAFACTORY_FLASH_ATTN:
+        raise ValueError(f"flash_attn: {value!r} is not one of {', '.join(LLAMAFACTORY_FLASH_ATTN)}")
+    return LLAMAFACTORY_FLASH_ATTN[value]
 
 
 def flash_attention_forward(

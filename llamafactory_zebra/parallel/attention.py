@@ -6,9 +6,8 @@ and is registered by overwriting a transformers attention backend process-wide. 
 built per forward from the :class:`~.context.SequenceParallelContext`, so it knows the sample borders
 of the whole rows and hands them to the core attention in the form it reads:
 
-- FlashAttention-2/3: the borders themselves (``cu_seq_lens_q/k``, ``max_length_q/k``) over all
-  ``B * T`` tokens of the whole rows, no mask — transformers reads borders from restarting
-  ``position_ids`` only for a batch of one row, and would attend across rows and samples otherwise;
+- FlashAttention-2/3: the borders themselves over all ``B * T`` tokens of the whole rows, no mask
+  (``packing.flash_varlen_kwargs``);
 - sdpa / eager: the ``[B, 1, T, T]`` block-diagonal causal mask (quadratic: CPU and short rows only);
   sdpa gets no mask (its causal flag) when every row is a single sample.
 
@@ -24,14 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from ..packing import block_causal_mask, cu_seqlens_from_segment_ids
+from ..layers.flash_attention import FLASH_ATTENTION_BACKENDS, MASK_BACKENDS
+from ..packing import block_causal_mask, flash_varlen_kwargs
 from .collectives import all_to_all
 
 if TYPE_CHECKING:
     from .context import SequenceParallelContext
-
-FLASH_BACKENDS = ("flash_attention_2", "flash_attention_3")
-MASK_BACKENDS = (None, "eager", "sdpa")
 
 
 class _HeadSliceView:
@@ -49,22 +46,14 @@ class _HeadSliceView:
 def ulysses_attention(
     context: SequenceParallelContext, core_attention: Callable, attn_implementation: str | None
 ) -> Callable:
-    if attn_implementation not in FLASH_BACKENDS + MASK_BACKENDS:
+    flash = attn_implementation in FLASH_ATTENTION_BACKENDS
+    if not flash and attn_implementation not in (None, *MASK_BACKENDS):
         raise ValueError(
             f"attn_implementation={attn_implementation!r} cannot keep packed samples apart under sequence "
-            f"parallelism; use one of {', '.join(b for b in FLASH_BACKENDS + MASK_BACKENDS if b)}"
+            f"parallelism; use one of {', '.join(FLASH_ATTENTION_BACKENDS + MASK_BACKENDS)}"
         )
     group, size = context.layout.group, context.layout.size
-    varlen = {}
-    if attn_implementation in FLASH_BACKENDS:
-        cu_seqlens = cu_seqlens_from_segment_ids(context.global_runs)
-        max_length = int(cu_seqlens.diff().max())
-        varlen = {
-            "cu_seq_lens_q": cu_seqlens,
-            "cu_seq_lens_k": cu_seqlens,
-            "max_length_q": max_length,
-            "max_length_k": max_length,
-        }
+    varlen = flash_varlen_kwargs(context.global_runs) if flash else {}
 
     def attend(module, query, key, value, attention_mask, **kwargs):
         heads, kv_heads = query.shape[1], key.shape[1]
@@ -75,7 +64,7 @@ def ulysses_attention(
             key, value = key.repeat_interleave(replicas, dim=1), value.repeat_interleave(replicas, dim=1)
         query, key, value = (all_to_all(x, scatter_dim=1, gather_dim=2, group=group) for x in (query, key, value))
         view = _HeadSliceView(module, query.shape[1] // key.shape[1])
-        if attn_implementation in FLASH_BACKENDS:
+        if flash:
             kwargs.pop("position_ids", None)  # this shard's positions; the borders above cover whole rows
             kwargs.update(varlen)
             mask = None

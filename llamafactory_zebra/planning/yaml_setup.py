@@ -16,11 +16,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..configuration_zebra import PRESET_HUB_IDS, PRESETS, ZebraConfig, checkpoint_layout
+from ..configuration_zebra import ZebraConfig
 from ..hparams import pop_zebra_arguments, read_training_yaml
+from ..layers.flash_attention import attn_implementation_for
+from ..presets import PRESET_HUB_IDS, PRESETS
+from ..released import checkpoint_layout, load_checkpoint_config
+from .activations import ATTENTION_BACKENDS as ACTIVATION_BACKENDS
 from .plan import TrainingSetup
-
-ATTENTION = {"auto": "sdpa", "sdpa": "sdpa", "fa2": "flash_attention_2", "fa3": "flash_attention_2"}
 
 
 def resolve_model_config(name_or_path: str) -> tuple[ZebraConfig, str]:
@@ -31,7 +33,7 @@ def resolve_model_config(name_or_path: str) -> tuple[ZebraConfig, str]:
                 f"model_name_or_path {name_or_path}: not a Zebra checkpoint (expected a config.json with "
                 f"model_type {ZebraConfig.model_type!r}, or AMD's layout with a hybrid_config.json)"
             )
-        return ZebraConfig.from_pretrained(name_or_path), name_or_path
+        return load_checkpoint_config(name_or_path), name_or_path
     if name_or_path in PRESETS:
         return ZebraConfig.from_preset(name_or_path), f"preset {name_or_path}"
     by_hub_id = {hub_id: preset for preset, hub_id in PRESET_HUB_IDS.items()}
@@ -112,11 +114,14 @@ def setup_from_yaml(
     if model_args.model_name_or_path is None:
         raise ValueError(f"{path}: model_name_or_path is missing")
     config, label = resolve_model_config(model_args.model_name_or_path)
-    flash_attn = str(model_args.flash_attn)
-    if flash_attn not in ATTENTION:
+    try:
+        attention = attn_implementation_for(model_args.flash_attn)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+    if attention not in ACTIVATION_BACKENDS:
         raise ValueError(
-            f"{path}: flash_attn {flash_attn!r} (eager attention) keeps a T×T score matrix per head; the planner "
-            f"models {', '.join(ATTENTION)} only"
+            f"{path}: flash_attn {model_args.flash_attn!s} ({attention} attention) keeps a T×T score matrix per "
+            f"head; the planner models {', '.join(ACTIVATION_BACKENDS)} only"
         )
     if finetuning_args.pure_bf16:
         precision = "pure_bf16"
@@ -146,7 +151,7 @@ def setup_from_yaml(
         gradient_checkpointing=not model_args.disable_gradient_checkpointing,
         checkpoints_on_cpu=bool(model_args.use_unsloth_gc),
         fused_cross_entropy=bool(model_args.enable_liger_kernel),
-        attention=ATTENTION[flash_attn],
+        attention=attention,
         packing=bool(data_args.packing) or bool(data_args.neat_packing),
         **_deepspeed_setup(_training_field(values, "deepspeed"), Path(path).parent, config.hidden_size),
     )

@@ -1,49 +1,18 @@
-"""Key checks and conversion for checkpoints in AMD's released Zebra layout.
+"""The weight keys of a checkpoint directory, read from the safetensors headers (no tensor is loaded).
 
+AMD's files do not say which RMSNorms the MLA layers carry; the key names do (``detect_mla_norm``).
 transformers only warns about missing or unexpected weights; a Zebra checkpoint whose keys do not
-match the architecture is always a mistake (wrong layer plan, wrong model), so it is rejected here
-with the offending names.
+match the architecture is always a mistake (wrong layer plan, wrong model), so ``verify_keys`` rejects
+it with the offending names.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
 from pathlib import Path
 
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
-from .configuration_zebra import (
-    MLA_NORM_LORA,
-    MLA_NORM_QK_HEAD,
-    MLA_NORMS,
-    RELEASED_HYBRID_CONFIG,
-    ZebraConfig,
-    load_released_config,
-)
-
-# Files copied verbatim from a released directory into a native one (when present).
-TOKENIZER_AND_GENERATION_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "generation_config.json",
-)
-
-
-def expected_state_dict_keys(config: ZebraConfig) -> set[str]:
-    import torch
-
-    from .modeling_zebra import ZebraForCausalLM
-
-    with torch.device("meta"):
-        model = ZebraForCausalLM(config)
-    return set(model.state_dict().keys())
+from ..configuration_zebra import MLA_NORM_LORA, MLA_NORM_QK_HEAD, MLA_NORMS, ZebraConfig
 
 
 def safetensors_files(path: str | Path) -> list[Path]:
@@ -56,8 +25,11 @@ def safetensors_files(path: str | Path) -> list[Path]:
 def checkpoint_keys(path: str | Path) -> set[str]:
     keys: set[str] = set()
     for file in safetensors_files(path):
-        with safe_open(str(file), framework="pt") as handle:
-            keys.update(handle.keys())
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                keys.update(handle.keys())
+        except SafetensorError as error:
+            raise ValueError(f"{file}: not a readable safetensors file ({error})") from None
     return keys
 
 
@@ -118,35 +90,3 @@ def verify_keys(found: set[str], expected: set[str], where: str) -> None:
             )
         lines.append("  check that hybrid_config.json's mla_layers and dimensions belong to these weights")
         raise ValueError("\n".join(lines))
-
-
-def import_released_checkpoint(source: str | Path, output: str | Path, link: bool = True) -> Path:
-    """Write a native Zebra checkpoint (``model_type: zebra`` config) next to the released weights."""
-    source, output = Path(source), Path(output)
-    if not (source / RELEASED_HYBRID_CONFIG).is_file():
-        raise FileNotFoundError(f"{source}: no {RELEASED_HYBRID_CONFIG}; this is not a released Zebra directory")
-    config = load_released_config(str(source))
-    verify_keys(checkpoint_keys(source), expected_state_dict_keys(config), str(source))
-    output.mkdir(parents=True, exist_ok=True)
-    config.save_pretrained(output)
-    weight_files = safetensors_files(source) + sorted(source.glob("*.safetensors.index.json"))
-    for file in weight_files:
-        _link_or_copy(file, output / file.name, link)
-    for name in TOKENIZER_AND_GENERATION_FILES:
-        if (source / name).is_file():
-            shutil.copy2(source / name, output / name)
-    with open(output / "zebra_import.json", "w", encoding="utf-8") as f:
-        json.dump({"imported_from": str(source.resolve()), "layout": "released"}, f, indent=2)
-    return output
-
-
-def _link_or_copy(source: Path, target: Path, link: bool) -> None:
-    if target.exists():
-        target.unlink()
-    if link:
-        try:
-            os.link(source, target)
-            return
-        except OSError:
-            pass
-    shutil.copy2(source, target)

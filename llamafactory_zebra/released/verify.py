@@ -4,19 +4,25 @@ The RoPE pairing and the placement of the MLA norms are not written in AMD's rel
 ``docs/architecture.md``); a wrong guess loads without any error and gives a worse model. The right
 convention makes ordinary prose far more predictable than a wrong one, so ``verify`` scores the shipped
 text (``verify_text.py``) under each plausible convention on the same loaded weights — switching only
-what ``ZebraMLA`` reads at run time — and reports which one wins.
+what ``ZebraMLA`` reads at run time — and reports which one wins, or that none wins clearly (an
+untrained model predicts no English, so every convention scores the same).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 
-from .configuration_zebra import MLA_NORM_NONE, RELEASED_LAYOUT, ZebraConfig, checkpoint_layout
-from .layers.mla import ZebraMLA
+from ..configuration_zebra import MLA_NORM_NONE, ZebraConfig
+from ..layers.mla import ZebraMLA
+from .keys import checkpoint_keys
+from .layout import RELEASED_HYBRID_CONFIG, RELEASED_LAYOUT, checkpoint_layout
 from .verify_text import VERIFY_TEXT
 
 
@@ -103,8 +109,20 @@ def pick_dtype(name: str) -> torch.dtype:
     return torch.bfloat16 if torch.cuda.is_available() or cpu_supports_bf16() else torch.float32
 
 
-def render(scores: list[Score], configured: Convention, model_dir: str) -> tuple[str, bool]:
-    """The table and the verdict; ``True`` when the configured convention has the lowest perplexity."""
+# The next convention must score at least this much worse than the best for a verdict. Measured: the
+# four conventions of untrained tiny Zebras (4 seeds × 2 widths, fp32 and bf16, 512 tokens) lie within
+# 1.005× of each other, all at chance (perplexity ≈ vocabulary size); the tiny model of
+# tests/test_verify.py, trained 60 steps under one convention, wins by more than 1.5×. 1.05 sits ten
+# times above the first spread and ten times below the second.
+DECISIVE_MARGIN = 1.05
+
+OK, MISMATCH, NOT_LOADABLE, INCONCLUSIVE = 0, 1, 2, 3
+
+
+def render(scores: list[Score], configured: Convention, model_dir: str, vocab_size: int) -> tuple[str, int]:
+    """The table and the verdict, with its exit status: ``OK`` when the configured convention has the
+    lowest perplexity by ``DECISIVE_MARGIN``, ``MISMATCH`` when another one does, ``INCONCLUSIVE`` when
+    the best two are closer than that."""
     lines = [f"{'RoPE pairs':<24}{'MLA norms':<28}{'perplexity':>12}{'× best':>9}"]
     best = scores[0].perplexity
     for score in scores:
@@ -113,14 +131,68 @@ def render(scores: list[Score], configured: Convention, model_dir: str) -> tuple
             f"{score.convention.rope_label:<24}{score.convention.norm_label:<28}"
             f"{score.perplexity:>12.2f}{score.perplexity / best:>9.2f}{mark}"
         )
+    margin = scores[1].perplexity / best if len(scores) > 1 else float("inf")
+    if margin < DECISIVE_MARGIN:
+        lines.append(
+            f"INCONCLUSIVE: the best two conventions are within {margin:.3f}× of each other (a verdict needs "
+            f"{DECISIVE_MARGIN:.2f}×); the best perplexity is {best:.1f} against {vocab_size} for guessing "
+            "uniformly over the vocabulary — an untrained or damaged model cannot tell the conventions apart."
+        )
+        return "\n".join(lines), INCONCLUSIVE
     winner = scores[0].convention
     if winner == configured:
-        margin = scores[1].perplexity / best if len(scores) > 1 else float("inf")
         lines.append(f"OK: the configured convention fits best; the next one is {margin:.2f}× worse.")
-        return "\n".join(lines), True
+        return "\n".join(lines), OK
     lines.append("MISMATCH: another convention fits these weights better than the configured one.")
     lines.extend(_fix_hints(winner, configured, model_dir))
-    return "\n".join(lines), False
+    return "\n".join(lines), MISMATCH
+
+
+class CheckpointNotLoadable(Exception):
+    """The directory, its weights or its tokenizer cannot be read; the message names which and why."""
+
+
+def load_checkpoint(model_dir: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
+    """The model (sdpa, eval mode) and tokenizer of ``model_dir``, or ``CheckpointNotLoadable``.
+
+    Every weight file's header is read first, so a truncated or corrupt shard is named before
+    transformers would fail inside its loader without the file name.
+    """
+    from transformers import AutoTokenizer
+
+    from ..modeling_zebra import ZebraForCausalLM
+
+    if not os.path.exists(model_dir):
+        raise CheckpointNotLoadable(f"{model_dir}: no such directory")
+    if checkpoint_layout(model_dir) is None:
+        raise CheckpointNotLoadable(
+            f"{model_dir}: not a Zebra checkpoint (expected a config.json with model_type "
+            f"{ZebraConfig.model_type!r}, or AMD's released layout with a {RELEASED_HYBRID_CONFIG})"
+        )
+    try:
+        checkpoint_keys(model_dir)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        model = ZebraForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+    except (OSError, ValueError, StrictDataclassError) as error:
+        raise CheckpointNotLoadable(str(error)) from error
+    return model.eval(), tokenizer
+
+
+def verify_checkpoint(model_dir: str, dtype_name: str = "auto", max_tokens: int = 512) -> tuple[str, int]:
+    """The report ``llamafactory-zebra verify`` prints and its exit status (``OK``, ``MISMATCH``, ``INCONCLUSIVE``)."""
+    dtype = pick_dtype(dtype_name)
+    started = time.monotonic()
+    model, tokenizer = load_checkpoint(model_dir, dtype)
+    try:
+        input_ids = verification_tokens(tokenizer, max_tokens)
+    except ValueError as error:
+        raise CheckpointNotLoadable(f"{model_dir}: {error}") from error
+    if torch.cuda.is_available():
+        model, input_ids = model.cuda(), input_ids.cuda()
+    scores = score_conventions(model, input_ids)
+    table, status = render(scores, configured_convention(model.config), model_dir, model.config.vocab_size)
+    header = f"{model_dir}: {input_ids.shape[1]} tokens, {dtype}, {time.monotonic() - started:.0f} s"
+    return f"{header}\n{table}", status
 
 
 def _fix_hints(winner: Convention, configured: Convention, model_dir: str) -> list[str]:

@@ -1,0 +1,113 @@
+"""The shapes of AMD's released Zebra checkpoints, and ``tiny`` for CPU work, by name.
+
+``ZebraConfig.from_preset(name, **overrides)`` builds a config from this table (``preset_values`` is
+its logic); the parameter counts each shape gives are in ``docs/architecture.md``. The layer plans are
+written as ``mla_layers`` (the indices of the MLA layers, everything else GDN), the spelling of AMD's
+``hybrid_config.json``, so this module is plain data and imports nothing from the package.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+# Hub ids of the checkpoints each preset describes (kept for users who have internet).
+PRESET_HUB_IDS = {
+    "qwen3-1.7b-7mla21gdn-1m": "amd/zebra_qwen3_7MLA21GDN_noT_SFT_1M_combined_fCE",
+    "qwen3-1.7b-7mla21gdn-64k": "amd/HyLo-Qwen-7MLA21GDN-64K",
+    "qwen3-1.7b-7mla21gdn-8k": "amd/HyLo-Qwen-7MLA21GDN-8K",
+}
+
+# The Qwen3-1.7B decoder every released hybrid keeps (its mixers aside).
+QWEN3_1_7B = {
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+}
+
+# MLA at layers 1, 5, 9, …: the 7MLA21GDN plan of the released 28-layer hybrids.
+EVERY_FOURTH_FROM_ONE = list(range(1, 28, 4))
+
+
+def _yarn(factor: float, original: int = 32768) -> dict[str, Any]:
+    return {
+        "rope_type": "yarn",
+        "rope_theta": 1_000_000.0,
+        "factor": factor,
+        "original_max_position_embeddings": original,
+    }
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "qwen3-1.7b-7mla21gdn-1m": {
+        **QWEN3_1_7B,
+        "mla_layers": EVERY_FOURTH_FROM_ONE,
+        "max_position_embeddings": 1_048_576,
+        "rope_parameters": _yarn(32.0),
+    },
+    "qwen3-1.7b-7mla21gdn-64k": {
+        **QWEN3_1_7B,
+        "mla_layers": EVERY_FOURTH_FROM_ONE,
+        "max_position_embeddings": 65_536,
+        "rope_parameters": _yarn(2.0),
+    },
+    "qwen3-1.7b-7mla21gdn-8k": {
+        **QWEN3_1_7B,
+        "mla_layers": EVERY_FOURTH_FROM_ONE,
+        "max_position_embeddings": 32_768,
+    },
+    "qwen3-1.7b-14mla14gdn": {
+        **QWEN3_1_7B,
+        "mla_layers": list(range(0, 28, 2)),
+        "max_position_embeddings": 32_768,
+    },
+    # Both mixers, every code path, a few hundred thousand parameters: CPU tests and the quickstart.
+    "tiny": {
+        "vocab_size": 1024,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "mla_layers": [1],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "q_lora_rank": 48,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "gdn_num_heads": 2,
+        "gdn_head_dim": 32,
+        "max_position_embeddings": 4096,
+        "bos_token_id": None,
+        "eos_token_id": None,
+    },
+}
+
+# Overrides that replace the preset's layer plan rather than add to it.
+_PLAN_KEYS = ("layer_types", "layers_block_type", "mla_layers")
+
+
+def preset_values(name: str, **overrides: Any) -> dict[str, Any]:
+    """``ZebraConfig`` keyword arguments of preset ``name`` with ``overrides`` applied.
+
+    A plan given as an override (``layer_types``, ``layers_block_type`` or ``mla_layers``) replaces the
+    preset's ``mla_layers`` instead of competing with it.
+
+    >>> preset_values("tiny", num_hidden_layers=2, layer_types=["gdn", "mla"])["layer_types"]
+    ['gdn', 'mla']
+    >>> "mla_layers" in preset_values("tiny", layer_types=["gdn", "mla", "gdn", "gdn"])
+    False
+    """
+    if name not in PRESETS:
+        raise ValueError(f"Unknown Zebra preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
+    values = copy.deepcopy(PRESETS[name])
+    if any(key in overrides for key in _PLAN_KEYS):
+        values.pop("mla_layers")
+    values.update(overrides)
+    return values

@@ -1,0 +1,62 @@
+"""No module of the package imports, directly or through others, a module that imports it back — also
+not through an import inside a function (the old config → checkpoint → model → config loop was one)."""
+
+import ast
+import pathlib
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "llamafactory_zebra"
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Each module → the package modules its ``import`` statements name, wherever they stand."""
+    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = ".".join(package[: len(package) - node.level + 1] + [node.module or ""]).strip(".")
+                base = base if node.level else node.module or ""
+                targets |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+            elif isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+        graph[name] = {target for target in targets if target in modules and target != name}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    done, path = set(), []
+
+    def visit(module: str) -> list[str] | None:
+        if module in path:
+            return path[path.index(module) :] + [module]
+        if module in done:
+            return None
+        path.append(module)
+        for target in sorted(graph[module]):
+            found = visit(target)
+            if found:
+                return found
+        path.pop()
+        done.add(module)
+        return None
+
+    return next((found for module in sorted(graph) if (found := visit(module))), None)
+
+
+def test_the_checker_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_package_has_no_import_cycle():
+    graph = _import_graph()
+    assert "llamafactory_zebra.released.layout" in graph["llamafactory_zebra.released"]
+    assert "llamafactory_zebra.released" in graph["llamafactory_zebra.modeling_zebra"]
+    assert _cycle(graph) is None, " → ".join(_cycle(graph))
