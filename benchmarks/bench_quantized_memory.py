@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import tempfile
 import time
@@ -47,6 +46,14 @@ def write_checkpoint(path: Path, layers: int) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def _status_gb(field: str) -> float:
+    """A ``/proc/self/status`` memory line in GB. ``VmHWM`` (peak RSS) starts afresh at exec, unlike
+    ``ru_maxrss``, which a child inherits from the parent that wrote the checkpoint."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith(field + ":"))
+    return int(line.split()[1]) * 1024 / 1e9
+
+
 def measure(path: str, variant: str) -> dict:
     """One variant in this (fresh) interpreter: load, footprint, peak RSS, one forward."""
     import torch
@@ -65,7 +72,7 @@ def measure(path: str, variant: str) -> dict:
             bnb_4bit_compute_dtype=torch.bfloat16,
             bnb_4bit_use_double_quant=True,
         )
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = _status_gb("VmRSS")
     start = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
     load_s = time.perf_counter() - start
@@ -79,11 +86,10 @@ def measure(path: str, variant: str) -> dict:
     with torch.no_grad():
         logits = model(tokens, use_cache=False).logits
     forward_s = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
         "variant": variant,
         "footprint_gb": model.get_memory_footprint() / 1e9,
-        "peak_rss_gb": (peak - before) * 1024 / 1e9,  # ru_maxrss is in KiB on Linux
+        "peak_rss_gb": _status_gb("VmHWM") - before,
         "load_s": load_s,
         "forward_s": forward_s,
         "finite": bool(torch.isfinite(logits).all()),

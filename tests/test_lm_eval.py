@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from installed_hook import assert_installed_hook_is_current
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +28,7 @@ TASKS = Path(__file__).parent / "fixtures" / "lm_eval"
 
 @pytest.fixture(scope="module")
 def evaluation(tiny_model_dir, tmp_path_factory):
+    assert_installed_hook_is_current()
     work = tmp_path_factory.mktemp("lm_eval")
     shutil.copytree(TASKS, work / "tasks")  # data_files are read relative to the working directory
     env = {key: value for key, value in os.environ.items() if key != "LLAMAFACTORY_ZEBRA_DISABLE"}

@@ -9,14 +9,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from installed_hook import assert_installed_hook_is_current
 
 pytestmark = pytest.mark.slow
-
-SOURCE_HOOK = Path(__file__).parents[1] / "llamafactory_zebra" / "_autoload" / "llamafactory_zebra_hook.py"
 
 # Never imports llamafactory_zebra. transformers' modeling_utils comes first: it imports configuration_auto
 # halfway through its own body, the import order in which registering too early would break.
@@ -46,14 +44,7 @@ def _run(code: str, *args: str, **env: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module", autouse=True)
 def installed_hook_is_current():
-    """The hook runs from its install-time copy: an outdated copy would test old code."""
-    import llamafactory_zebra_hook
-
-    installed = Path(llamafactory_zebra_hook.__file__).read_text()
-    assert installed == SOURCE_HOOK.read_text(), (
-        f"{llamafactory_zebra_hook.__file__} differs from {SOURCE_HOOK}: reinstall the package "
-        "(pip install -e .) so the interpreter's start-up hook is the current one"
-    )
+    assert_installed_hook_is_current()
 
 
 def test_a_process_that_never_imports_the_plugin_loads_zebra_through_auto_classes(tiny_model_dir):
