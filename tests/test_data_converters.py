@@ -231,5 +231,6 @@ def test_openai_formatting_rows_are_type_checked_then_left_to_llamafactory():
     assert converter({"messages": None})[DROP_REASON_COLUMN] == "missing value: messages column 'messages' is null"
     assert converter({"messages": [{"content": "q"}]})[DROP_REASON_COLUMN] == "missing value: message 0 has no 'role'"
     assert converter({"messages": [{"role": "assistant", "content": "a"}]})[DROP_REASON_COLUMN] == (
-        "broken role order: LLaMA-Factory's openai converter returned no turns"
+        "broken role order: LLaMA-Factory's openai converter: it gave 0 prompt turn(s) and 0 response(s); "
+        "supervised fine-tuning (stage sft) needs an odd number of prompt turns and exactly 1 response(s)"
     )
