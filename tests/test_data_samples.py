@@ -91,7 +91,7 @@ EXPECTED = {
             "A cube has $\\boxed{12}$ edges."
         ),
         "incomplete reasoning: '<think>' without '</think>'",
-        "broken role order: the conversation ends with a 'user' turn, not an answer",
+        "broken role order: messages column 'messages' ends with a 'user' turn, not an answer",
     ],
     "chatqa2_long_sft_sample": [
         "<|im_start|>system\nThis is a chat between a user and an artificial intelligence assistant. The assistant "

@@ -154,11 +154,13 @@ def read_conversation(
     if ends_with_prompt and not len(turns) % 2:
         raise DropRow(
             "broken role order",
-            f"the conversation ends with a {turns[-1][0]!r} turn; a preference row's conversation ends with the "
+            f"messages column '{column}' ends with a {turns[-1][0]!r} turn; a preference row's conversation ends with the "
             "prompt, and its answers are the chosen/rejected columns",
         )
     if not ends_with_prompt and len(turns) % 2:
-        raise DropRow("broken role order", f"the conversation ends with a {turns[-1][0]!r} turn, not an answer")
+        raise DropRow(
+            "broken role order", f"messages column '{column}' ends with a {turns[-1][0]!r} turn, not an answer"
+        )
     for index in range(1, len(turns), 2) if require_answers else ():
         if not turns[index][1].strip():
             raise DropRow("empty response", f"message {index + offset} ({turns[index][0]!r}) is empty")
