@@ -29,6 +29,8 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 from transformers.modeling_utils import PreTrainedModel
+from transformers.utils import can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_zebra import MLA, ZebraConfig
 from .layers.gated_deltanet import ZebraGatedDeltaNet, ZebraShortConv, gdn_decay_init
@@ -244,6 +246,19 @@ class ZebraPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_attention_backend = True
     _is_stateful = True
+    # ``output_hidden_states=True`` (argument or config) records each decoder layer's input and output
+    # through transformers' own hooks (``capture_outputs`` on ``ZebraModel.forward``), as Qwen3 does:
+    # embeddings + every layer's output, the last one replaced by the output of the final norm.
+    _can_record_outputs = {"hidden_states": ZebraDecoderLayer}
+    # GDN's per-head gate projections (``a_proj`` -> decay, ``b_proj`` -> beta: one output per GDN head, 6 in
+    # the released models) stay out of quantisers and in fp32 when a model loads in fp16. transformers'
+    # bitsandbytes quantizers add this list to their modules not to convert. Why: bitsandbytes' 4-bit CPU
+    # inference kernel packs 32 output rows at a time and fails on them ("N must be divisible by block_n"),
+    # their errors pass through exp/softplus/sigmoid into every step of the recurrence, and they hold
+    # 0.02% of the parameters. Patterns are name suffixes ("gdn." keeps MLA's ``q_a_proj`` out of it).
+    # Everything else bitsandbytes would leave alone anyway: it replaces ``nn.Linear`` only (not the
+    # convolutions, norms or ``A_log``/``dt_bias``), and transformers keeps ``lm_head`` unquantised.
+    _keep_in_fp32_modules = ["gdn.a_proj", "gdn.b_proj"]
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
@@ -291,6 +306,7 @@ class ZebraModel(ZebraPreTrainedModel):
         self.sequence_parallel = None
         self.post_init()
 
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -301,6 +317,10 @@ class ZebraModel(ZebraPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
+        """``hidden_states`` (with ``output_hidden_states``) follow the tokens this call sees: the new tokens
+        when decoding with a cache, this rank's shard of every row under sequence parallelism (as
+        ``last_hidden_state`` and the logits do); packed rows need no special case, each position's states
+        are those of its own sample."""
         inputs_embeds = self._embed(input_ids, inputs_embeds)
         self._check_cache_and_sequence_parallel(past_key_values, position_ids)
         batch, length = inputs_embeds.shape[:2]
@@ -428,6 +448,7 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
         self.fused_cross_entropy: str | None = None
         self.post_init()
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -455,7 +476,9 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
         hidden_states = outputs.last_hidden_state
         if head_loss_fn is not None:
             loss = head_loss_fn(hidden_states, self.lm_head.weight)
-            return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=outputs.past_key_values)
+            return CausalLMOutputWithPast(
+                loss=loss, logits=None, past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states
+            )
         if self.fused_cross_entropy is not None and self.training and labels is not None:
             loss = fused_causal_lm_loss(
                 hidden_states,
@@ -465,13 +488,17 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
                 num_items_in_batch=kwargs.get("num_items_in_batch"),
                 shift_labels=kwargs.get("shift_labels"),
             )
-            return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=outputs.past_key_values)
+            return CausalLMOutputWithPast(
+                loss=loss, logits=None, past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states
+            )
         slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(hidden_states[:, slice_indices, :])
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values)
+        return CausalLMOutputWithPast(
+            loss=loss, logits=logits, past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states
+        )
 
     def enable_tiled_mlp(self, tiles: int = AUTO) -> None:
         """Run every MLP over sequence tiles in training (DeepSpeed's ``TiledMLP``; see ``layers/tiled_mlp.py``).

@@ -133,9 +133,11 @@ class ZebraGatedDeltaNet(nn.Module):
         k = k.unflatten(-1, (self.num_heads, self.head_k_dim))
         v = v.unflatten(-1, (self.num_heads, self.head_v_dim))
 
-        beta = self.b_proj(hidden_states).sigmoid()
+        # The gate projections may be kept in fp32 while the rest runs in fp16 (``_keep_in_fp32_modules``).
+        gate_input = hidden_states.to(self.b_proj.weight.dtype)
+        beta = self.b_proj(gate_input).sigmoid().to(hidden_states.dtype)
         decay_dtype = torch.promote_types(hidden_states.dtype, torch.float32)
-        g = -self.A_log.to(decay_dtype).exp() * F.softplus(self.a_proj(hidden_states).to(decay_dtype) + self.dt_bias)
+        g = -self.A_log.to(decay_dtype).exp() * F.softplus(self.a_proj(gate_input).to(decay_dtype) + self.dt_bias)
         if cu_seqlens is not None:
             beta = beta.reshape(1, batch * length, -1)
             g = g.reshape(1, batch * length, -1)
