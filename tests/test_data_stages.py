@@ -321,3 +321,26 @@ def test_an_empty_folder_and_an_empty_file_among_others_are_named(tiny_tokenizer
         _load(tiny_tokenizer_dir, tokenizer_module, data, "mine", "sft", tmp_path)
     assert f"  - {data / 'parts' / 'b.jsonl'}: the file is empty (0 bytes)" in str(raised.value)
     assert "a.jsonl" not in str(raised.value)
+
+
+def test_a_prediction_set_needs_no_answers(tiny_tokenizer_dir, tokenizer_module, tmp_path):
+    """``predict_with_generate`` evaluates with LLaMA-Factory's unsupervised processor: prompts only."""
+    data = tmp_path / "data"
+    _write_dataset(data, {"columns": {"prompt": "instruction"}}, [{"instruction": "q1"}, {"instruction": "q2"}])
+    parser = HfArgumentParser([ModelArguments, DataArguments, TrainingArguments, FinetuningArguments])
+    model_args, data_args, training_args, _ = parser.parse_dict(
+        {
+            "model_name_or_path": str(tiny_tokenizer_dir),
+            "eval_dataset": "mine",
+            "dataset_dir": str(data),
+            "template": "qwen3",
+            "output_dir": str(tmp_path / "out"),
+            "do_predict": True,
+            "predict_with_generate": True,
+            "overwrite_cache": True,
+            "report_to": "none",
+        }
+    )
+    template = get_template_and_fix_tokenizer(tokenizer_module["tokenizer"], data_args)
+    loaded = get_dataset(template, model_args, data_args, training_args, "sft", **tokenizer_module)
+    assert len(loaded["eval_dataset"]) == 2

@@ -145,7 +145,7 @@ def on_loader_module_loaded(module: ModuleType) -> None:
         empty_files_message,
         malformed_rows_message,
     )
-    from ..data.stages import check_stage_fits, loading_stage
+    from ..data.stages import SUPERVISED, UNSUPERVISED, check_stage_fits, loading_stage
     from ..data.validation import MissingColumnError, dataset_label
 
     get_merged_dataset = upstream(module, "_get_merged_dataset")
@@ -155,7 +155,10 @@ def on_loader_module_loaded(module: ModuleType) -> None:
     def zebra_get_merged_dataset(dataset_names, model_args, data_args, training_args, stage, return_dict=False):
         for attr in module.get_dataset_list(dataset_names, data_args.dataset_dir) if dataset_names else ():
             check_stage_fits(attr, stage, dataset_label(attr))
-        with loading_stage(stage):
+        rows_for = stage
+        if stage == SUPERVISED and training_args.predict_with_generate and dataset_names is data_args.eval_dataset:
+            rows_for = UNSUPERVISED  # generating reads prompts only (upstream's unsupervised processor)
+        with loading_stage(rows_for):
             return get_merged_dataset(dataset_names, model_args, data_args, training_args, stage, return_dict)
 
     @functools.wraps(load_single_dataset)
