@@ -121,7 +121,10 @@ def _conversation(*turns, column="messages", role="role", content="content"):
     ("row", "expected"),
     [
         (_conversation(("assistant", "hi"), ("user", "x")), "broken role order: message 0 has role 'assistant'"),
-        (_conversation(("user", "a"), ("assistant", "b"), ("user", "c")), "broken role order: the conversation ends"),
+        (
+            _conversation(("user", "a"), ("assistant", "b"), ("user", "c")),
+            "broken role order: messages column 'messages' ends with a 'user' turn",
+        ),
         (_conversation(("system", "s"), ("user", "a"), ("user", "b")), "broken role order: message 2 has role 'user'"),
         (_conversation(("user", "a"), ("assistant", " \n")), "empty response: message 1 ('assistant') is empty"),
         (_conversation(("system", "s")), "empty conversation"),
