@@ -2,7 +2,8 @@
 
 Importing the package registers ``model_type="zebra"`` with transformers' Auto classes, so
 ``AutoConfig`` / ``AutoModel`` / ``AutoModelForCausalLM`` load Zebra checkpoints without
-``trust_remote_code``.
+``trust_remote_code``. Where the package is installed, the start-up hook (``_autoload/``) imports it
+as soon as transformers' Auto classes are imported, so other programs need no ``import`` of their own.
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
