@@ -121,7 +121,10 @@ def _conversation(*turns, column="messages", role="role", content="content"):
     ("row", "expected"),
     [
         (_conversation(("assistant", "hi"), ("user", "x")), "broken role order: message 0 has role 'assistant'"),
-        (_conversation(("user", "a"), ("assistant", "b"), ("user", "c")), "broken role order: the conversation ends"),
+        (
+            _conversation(("user", "a"), ("assistant", "b"), ("user", "c")),
+            "broken role order: messages column 'messages' ends with a 'user' turn",
+        ),
         (_conversation(("system", "s"), ("user", "a"), ("user", "b")), "broken role order: message 2 has role 'user'"),
         (_conversation(("user", "a"), ("assistant", " \n")), "empty response: message 1 ('assistant') is empty"),
         (_conversation(("system", "s")), "empty conversation"),
@@ -231,5 +234,6 @@ def test_openai_formatting_rows_are_type_checked_then_left_to_llamafactory():
     assert converter({"messages": None})[DROP_REASON_COLUMN] == "missing value: messages column 'messages' is null"
     assert converter({"messages": [{"content": "q"}]})[DROP_REASON_COLUMN] == "missing value: message 0 has no 'role'"
     assert converter({"messages": [{"role": "assistant", "content": "a"}]})[DROP_REASON_COLUMN] == (
-        "broken role order: LLaMA-Factory's openai converter returned no turns"
+        "broken role order: LLaMA-Factory's openai converter: it gave 0 prompt turn(s) and 0 response(s); "
+        "supervised fine-tuning (stage sft) needs an odd number of prompt turns and exactly 1 response(s)"
     )

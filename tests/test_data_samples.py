@@ -11,6 +11,7 @@ from llamafactory.data.template import get_template_and_fix_tokenizer
 from llamafactory.hparams import DataArguments, ModelArguments
 from transformers import Seq2SeqTrainingArguments
 
+from llamafactory_zebra.data.row_policy import REPORT_ATTRIBUTE
 from llamafactory_zebra.data.validation import DROP_REASON_COLUMN
 from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
 
@@ -90,7 +91,7 @@ EXPECTED = {
             "A cube has $\\boxed{12}$ edges."
         ),
         "incomplete reasoning: '<think>' without '</think>'",
-        "broken role order: the conversation ends with a 'user' turn, not an answer",
+        "broken role order: messages column 'messages' ends with a 'user' turn, not an answer",
     ],
     "chatqa2_long_sft_sample": [
         "<|im_start|>system\nThis is a chat between a user and an artificial intelligence assistant. The assistant "
@@ -129,6 +130,7 @@ def pipeline():
 def _rendered(name, pipeline):
     tokenizer, template, model_args, data_args, training_args = pipeline
     (attr,) = parser_module.get_dataset_list([name], "no_dataset_dir")
+    setattr(attr, REPORT_ATTRIBUTE, True)  # refused rows stay, as placeholders holding their reason
     rows = []
     for row in _load_single_dataset(attr, model_args, data_args, training_args):
         if row[DROP_REASON_COLUMN]:

@@ -142,6 +142,34 @@ def test_unknown_task_lists_the_valid_ones(capsys, tmp_path):
     assert "unknown task(s) needle; valid tasks: niah_single" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_an_unknown_yaml_key_is_the_one_line_the_command_ends_with(tiny_model_dir, tmp_path):
+    """LLaMA-Factory's parser would name it at the end of a 20-line traceback, after loading had begun."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    command = str(Path(sys.executable).parent / "llamafactory-zebra")  # the console script of this environment
+    config = tmp_path / "infer.yaml"
+    config.write_text(
+        yaml.safe_dump({"model_name_or_path": str(tiny_model_dir), "template": "zebra", "temprature": 0.5})
+    )
+    result = subprocess.run(
+        [command, "eval-long", str(config), "--lengths", "256", "--output-dir", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines()[-1] == (
+        f"error: {config}: unknown key(s) 'temprature' (did you mean 'temperature'?); an inference YAML takes the "
+        "keys of `llamafactory-cli chat` (LLaMA-Factory's model, data, finetuning and generating arguments)"
+    )
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_lengths_beyond_max_position_embeddings_fail_with_the_numbers(capsys, tmp_path):
     assert parse_lengths("4k, 16K,1m,300") == [4096, 16384, 1048576, 300]
     with pytest.raises(ValueError, match="'4kb' is not a length"):

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .stages import FEEDBACK, PAIRWISE, PRETRAIN, SUPERVISED
+
 if TYPE_CHECKING:
     from llamafactory.data.parser import DatasetAttr
 
@@ -52,6 +54,30 @@ def local_files(attr: DatasetAttr, dataset_dir: str) -> list[str]:
     if os.path.isdir(path):
         return sorted(os.path.join(path, name) for name in os.listdir(path))
     return [path] if os.path.isfile(path) else []
+
+
+# A JSON/JSONL file this small may be ``[]`` or whitespace; bigger ones hold at least one row or a syntax error.
+_EMPTY_PROBE_BYTES = 64
+
+
+def why_empty(path: str) -> str | None:
+    """Why a data file holds no rows (0 bytes, only whitespace, ``[]``, a 0-row parquet), or ``None``."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return "the file is empty (0 bytes)"
+    kind = _extension(path)
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        return "the parquet file has 0 rows" if pq.ParquetFile(path).metadata.num_rows == 0 else None
+    if kind in ("json", "jsonl") and size <= _EMPTY_PROBE_BYTES:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = "".join(f.read().split())
+        if text == "":
+            return "the file holds only whitespace"
+        if text == "[]":
+            return "the file holds an empty JSON array []"
+    return None
 
 
 def _extension(path: str) -> str:
@@ -201,22 +227,31 @@ def field_of(reason: str, messages_column: str | None = None) -> str | None:
     return None
 
 
-def valid_row_example(attr: DatasetAttr, uses_messages: bool) -> str:
-    """One row of the shape this entry's columns and tags map, as JSON."""
+def valid_row_example(attr: DatasetAttr, uses_messages: bool, stage: str = SUPERVISED) -> str:
+    """One row of the shape this entry's columns and tags map, for the stage being loaded, as JSON."""
     if uses_messages:
         user = attr.user_tag or "user"
         assistant = attr.assistant_tag or "assistant"
-        turns = [
-            {attr.role_tag: user, attr.content_tag: "question"},
-            {attr.role_tag: assistant, attr.content_tag: "answer"},
-        ]
+        turns = [{attr.role_tag: user, attr.content_tag: "question"}]
         row: dict[str, Any] = {attr.messages: turns}
+        if stage == PAIRWISE:
+            row[attr.chosen] = {attr.role_tag: assistant, attr.content_tag: "better answer"}
+            row[attr.rejected] = {attr.role_tag: assistant, attr.content_tag: "worse answer"}
+        else:
+            turns.append({attr.role_tag: assistant, attr.content_tag: "answer"})
+    elif stage == PRETRAIN:
+        return json.dumps({attr.prompt or "text": "document"}, ensure_ascii=False)
     else:
         row = {attr.prompt or "instruction": "question"}
         if attr.query:
             row[attr.query] = "optional input"
-        if attr.response:
+        if stage == PAIRWISE:
+            row[attr.chosen] = "better answer"
+            row[attr.rejected] = "worse answer"
+        elif attr.response:
             row[attr.response] = "answer"
-    if attr.system:
+    if stage == FEEDBACK and attr.kto_tag:
+        row[attr.kto_tag] = True
+    if attr.system and stage != PRETRAIN:
         row[attr.system] = "optional system prompt"
     return json.dumps(row, ensure_ascii=False)

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..hparams import ZebraArguments, optimizer_steps_per_epoch, total_optimizer_steps
 from .report_arithmetic import count_packs, length_summary, map_batches
-from .row_policy import SKIP_ATTRIBUTE
+from .row_policy import REPORT_ATTRIBUTE
 from .validation import DROP_REASON_COLUMN, split_reason
 
 DEFAULT_STREAMING_ROW_LIMIT = 10_000
@@ -363,7 +363,7 @@ def measure_datasets(inputs: InspectionInputs, show_progress: bool) -> list[Meas
     names = list(data_args.dataset)
     measured: list[MeasuredDataset] = []
     for name, attr in zip(names, get_dataset_list(names, data_args.dataset_dir), strict=True):
-        setattr(attr, SKIP_ATTRIBUTE, True)  # the report lists every refused row instead of stopping at them
+        setattr(attr, REPORT_ATTRIBUTE, True)  # the report lists every refused row instead of stopping at them
         if streams_nothing(attr, data_args, training_args):
             measured.append(MeasuredDataset(name, MeasuredRows(), [EMPTY_STREAM_NOTE]))
             continue

@@ -11,11 +11,12 @@ log then says how many rows were skipped and which.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .file_rows import find_problems, local_files, valid_row_example
+from .file_rows import find_problems, local_files, valid_row_example, why_empty
 from .registry import SKIP_KEY
 from .validation import DROP_REASON_COLUMN, GuardedConverter, dataset_label, split_reason
 
@@ -23,11 +24,17 @@ if TYPE_CHECKING:
     from llamafactory.data.parser import DatasetAttr
 
 SKIP_ATTRIBUTE = "zebra_skip_invalid_rows"
+# Set by ``data inspect``: every refused row stays in the converted dataset as a placeholder for the report.
+REPORT_ATTRIBUTE = "zebra_report_refused_rows"
 ROWS_LISTED = 20
 
 
 class MalformedDataError(ValueError):
     """A dataset has rows that cannot train; the message says where and what a valid row looks like."""
+
+
+class EmptyDataError(MalformedDataError):
+    """A dataset file (or folder) holds no rows; the message names the dataset and the file."""
 
 
 def skips_invalid_rows(attr: DatasetAttr) -> bool:
@@ -63,23 +70,34 @@ def malformed_rows_message(attr: DatasetAttr, dataset_dir: str, converter: Guard
     return (
         f"Dataset '{label}' ({where}, formatting {attr.formatting}): {bad} malformed row(s)"
         f"{' — the file could not be loaded' if cause == 'load' else ''}:\n{shown}{more}\n"
-        f"A valid row of this entry looks like:\n  {valid_row_example(attr, converter.uses_messages)}\n{fix}."
+        f"A valid row of this entry looks like:\n  {valid_row_example(attr, converter.uses_messages, converter.stage)}\n{fix}."
     )
 
 
 def check_converted_rows(
     dataset: Any, attr: DatasetAttr, dataset_dir: str, converter: GuardedConverter, logger: Any
-) -> None:
-    """Raise for rows the converter guard refused, or log them (count and row indices) when the entry skips."""
-    from datasets import Dataset
+) -> Any:
+    """The dataset without the rows the converter guard refused: raise for them, or log them (count and row
+    indices) and leave them out when the entry skips. Streamed rows are seen only during training (``data
+    inspect`` reads them ahead): the guard's warning names the first of each kind, and they are left out.
+    For ``data inspect`` (``REPORT_ATTRIBUTE``) the placeholders stay, to be counted.
 
+    Left in, a refused row's placeholder would still reach the processors that do not skip it: pre-training
+    would train on its empty text, and KTO pairs each row with its neighbour's response.
+    """
+    from datasets import Dataset, IterableDataset
+
+    reporting = bool(getattr(attr, REPORT_ATTRIBUTE, False))
+    if isinstance(dataset, IterableDataset):
+        return dataset if reporting else dataset.filter(lambda reason: not reason, input_columns=[DROP_REASON_COLUMN])
     if not isinstance(dataset, Dataset) or DROP_REASON_COLUMN not in dataset.column_names:
-        return  # streamed rows are seen only during training; `data inspect` reads them ahead
-    refused = [(index, reason) for index, reason in enumerate(dataset[DROP_REASON_COLUMN]) if reason]
+        return dataset
+    reasons = dataset[DROP_REASON_COLUMN]
+    refused = [(index, reason) for index, reason in enumerate(reasons) if reason]
     if not refused:
-        return
+        return dataset
     label = dataset_label(attr)
-    if skips_invalid_rows(attr):
+    if skips_invalid_rows(attr) or reporting:
         rows_by_kind: dict[str, list[int]] = defaultdict(list)
         for index, reason in refused:
             rows_by_kind[split_reason(reason)[0]].append(index)
@@ -91,16 +109,39 @@ def check_converted_rows(
             f"llamafactory-zebra: dataset '{label}': skipping {len(refused)} of {len(dataset)} rows ({SKIP_KEY}): "
             f"{listed}. `llamafactory-zebra data inspect` shows each reason."
         )
-        return
+        return dataset if reporting else dataset.select([index for index, reason in enumerate(reasons) if not reason])
     message = None
     if attr.load_from == "file":
         message = malformed_rows_message(attr, dataset_dir, replace(converter, quiet=True), "refused")
     if message is None:  # hub data, or rows only a sampled subset shows: name them by their loaded index
         shown = "\n".join(f"  - loaded row {index}: {reason}" for index, reason in refused[:ROWS_LISTED])
+        example = valid_row_example(attr, converter.uses_messages, converter.stage)
         message = (
             f"Dataset '{label}' ({attr.dataset_name}): {len(refused)} of {len(dataset)} loaded rows are malformed:\n"
-            f"{shown}\nA valid row of this entry looks like:\n  {valid_row_example(attr, converter.uses_messages)}\n"
+            f"{shown}\nA valid row of this entry looks like:\n  {example}\n"
             f"Fix the data, or add \"{SKIP_KEY}\": true to the '{label}' entry of dataset_info.json to train "
             "without them."
         )
     raise MalformedDataError(message)
+
+
+def empty_files_message(attr: DatasetAttr, dataset_dir: str, converter: GuardedConverter) -> str | None:
+    """The error for a local dataset with an empty file (or an empty folder), or ``None``.
+
+    Upstream fails on these with ``datasets``' "An error occurred while generating the dataset" or
+    'Instruction "train" corresponds to no data!' (an empty folder: an ``IndexError``), naming no file.
+    """
+    path = os.path.join(dataset_dir, attr.dataset_name)
+    files = local_files(attr, dataset_dir)
+    if os.path.isdir(path) and not files:
+        empty = [f"{path}: the folder holds no files"]
+    else:
+        empty = [f"{file}: {why}" for file in files if (why := why_empty(file)) is not None]
+    if not empty:
+        return None
+    shown = "\n".join(f"  - {line}" for line in empty)
+    example = valid_row_example(attr, converter.uses_messages, converter.stage)
+    return (
+        f"Dataset '{dataset_label(attr)}' has no rows to train on:\n{shown}\n"
+        f"Each file needs at least one row; a valid row of this entry looks like:\n  {example}"
+    )

@@ -5,11 +5,13 @@ a generic "Invalid role tag" warning, so a dataset with a missing column fails d
 ``datasets.map`` and a broken row vanishes without a reason. Every converter (LLaMA-Factory's and
 ours) runs behind :class:`GuardedConverter`: a dataset whose mapped column is absent raises a
 ``ValueError`` naming the dataset, the column and the columns present; a bad row becomes a
-placeholder example that LLaMA-Factory's processors skip, carrying its reason in the extra
-``_zebra_drop_reason`` column (removed with the other columns at tokenization), which
-``data inspect`` counts per reason with row indices. After conversion the loader seam
+placeholder example carrying its reason in the extra ``_zebra_drop_reason`` column (removed with the
+other columns at tokenization), which ``data inspect`` counts per reason with row indices. Rows are
+checked for the stage being loaded (``stages.py``): pre-training text, SFT answers, preference pairs,
+KTO tags; a row the stage's processor would skip or crash on is such a drop. After conversion the loader seam
 (``integration/datasets.py``) turns any such row into an error naming file, row and field, unless the
-dataset's entry says ``"skip_invalid_rows": true`` (then it logs how many rows and which).
+dataset's entry says ``"skip_invalid_rows": true`` (then it logs how many rows and which, and removes
+them before any processor sees them).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from .stages import FEEDBACK, PAIRWISE, PRETRAIN, SUPERVISED, UNSUPERVISED, processor_refusal, stage_for
 
 if TYPE_CHECKING:
     from llamafactory.data.converter import DatasetConverter
@@ -103,12 +107,16 @@ def required_text(value: Any, what: str, empty_kind: str) -> str:
     return value
 
 
-def read_conversation(example: dict[str, Any], attr: DatasetAttr) -> tuple[str, list[tuple[str, str]]]:
+def read_conversation(
+    example: dict[str, Any], attr: DatasetAttr, ends_with_prompt: bool = False, require_answers: bool = True
+) -> tuple[str, list[tuple[str, str]]]:
     """Checks a list-of-messages column and returns (system, [(role tag, content), ...]).
 
     Follows LLaMA-Factory's sharegpt rules: an optional leading system message, then user-side
     tags (user, observation) on even turns and assistant-side tags (assistant, function) on odd
-    turns, ending with an assistant-side turn whose content is not empty.
+    turns, ending with an assistant-side turn (a preference row's conversation, ``ends_with_prompt``,
+    ends with a user-side turn: its answers are the chosen/rejected columns). With ``require_answers``
+    no assistant-side turn may be empty.
     """
     column = attr.messages
     messages = example.get(column)
@@ -136,40 +144,101 @@ def read_conversation(example: dict[str, Any], attr: DatasetAttr) -> tuple[str, 
     if not turns:
         raise DropRow("empty conversation", f"messages column '{column}' has no user/assistant turns")
 
-    sides = ((attr.user_tag, attr.observation_tag), (attr.assistant_tag, attr.function_tag))
     offset = len(messages) - len(turns)
     for index, (role, _) in enumerate(turns):
-        expected = tuple(tag for tag in sides[index % 2] if tag)
+        expected = _side_tags(attr, answer=bool(index % 2))
         if role not in expected:
             raise DropRow(
                 "broken role order", f"message {index + offset} has role {role!r}, expected one of {list(expected)}"
             )
-    if len(turns) % 2:
-        raise DropRow("broken role order", f"the conversation ends with a {turns[-1][0]!r} turn, not an answer")
-    for index in range(1, len(turns), 2):
+    if ends_with_prompt and not len(turns) % 2:
+        raise DropRow(
+            "broken role order",
+            f"messages column '{column}' ends with a {turns[-1][0]!r} turn; a preference row's conversation ends with the "
+            "prompt, and its answers are the chosen/rejected columns",
+        )
+    if not ends_with_prompt and len(turns) % 2:
+        raise DropRow(
+            "broken role order", f"messages column '{column}' ends with a {turns[-1][0]!r} turn, not an answer"
+        )
+    for index in range(1, len(turns), 2) if require_answers else ():
         if not turns[index][1].strip():
             raise DropRow("empty response", f"message {index + offset} ({turns[index][0]!r}) is empty")
     return system, turns
 
 
-def check_alpaca_row(example: dict[str, Any], attr: DatasetAttr) -> None:
+def _side_tags(attr: DatasetAttr, answer: bool) -> tuple[str, ...]:
+    """The role tags LLaMA-Factory accepts on the user side (user, observation) or answer side (assistant, function)."""
+    tags = (attr.assistant_tag, attr.function_tag) if answer else (attr.user_tag, attr.observation_tag)
+    return tuple(tag for tag in tags if tag)
+
+
+def check_kto_tag(example: dict[str, Any], attr: DatasetAttr) -> None:
+    """Upstream reads a non-boolean tag as "no tag" and makes the row an SFT row, which KTO then drops."""
+    value = example.get(attr.kto_tag)
+    if not isinstance(value, bool):
+        kind = "missing value" if value is None else "wrong type"
+        raise DropRow(kind, f"kto_tag column '{attr.kto_tag}' must be true or false, got {_type_name(value)}")
+
+
+def check_preference_answers(example: dict[str, Any], attr: DatasetAttr, as_messages: bool) -> None:
+    """Chosen and rejected answers: strings (alpaca) or one assistant-side message each (sharegpt/openai).
+
+    Upstream turns a wrong-typed pair into a row the pairwise processor drops, and trains on a message whose
+    role is not an assistant-side tag after only a warning.
+    """
+    for name in ("chosen", "rejected"):
+        column = getattr(attr, name)
+        value = example.get(column)
+        what = f"{name} column '{column}'"
+        if not as_messages:
+            required_text(value, what, "empty response")
+            continue
+        if not isinstance(value, dict):
+            kind = "missing value" if value is None else "wrong type"
+            raise DropRow(kind, f"{what} must be one message object, got {_type_name(value)}")
+        expected = _side_tags(attr, answer=True)
+        if value.get(attr.role_tag) not in expected:
+            raise DropRow(
+                "broken role order",
+                f"{what} has role {value.get(attr.role_tag)!r} in '{attr.role_tag}', expected one of {list(expected)}",
+            )
+        required_text(value.get(attr.content_tag), f"{what} '{attr.content_tag}'", "empty response")
+
+
+def check_alpaca_row(example: dict[str, Any], attr: DatasetAttr, stage: str = SUPERVISED) -> None:
     instruction = optional_text(example, attr.prompt, "prompt") + optional_text(example, attr.query, "query")
     if not instruction.strip():
         columns = " and ".join(f"'{column}'" for column in (attr.prompt, attr.query) if column)
         raise DropRow("empty text", f"prompt column {columns} is empty")
-    if attr.response:  # pre-training text and prediction sets map no response column
-        required_text(example.get(attr.response), f"response column '{attr.response}'", "empty response")
     optional_text(example, attr.system, "system")
-    if attr.history and example.get(attr.history) is not None:
-        history = example[attr.history]
-        if not isinstance(history, list) or not all(
+    history = example.get(attr.history) if attr.history else None
+    if history is not None and (
+        not isinstance(history, list)
+        or not all(
             isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(text, str) for text in pair)
             for pair in history
-        ):
-            raise DropRow("wrong type", f"history column '{attr.history}' must be a list of [prompt, response] pairs")
+        )
+    ):
+        raise DropRow("wrong type", f"history column '{attr.history}' must be a list of [prompt, response] pairs")
+    if stage == PRETRAIN:
+        if history:  # the pre-training processor reads the first prompt turn only: history[0][0]
+            raise DropRow(
+                "unused text", f"history column '{attr.history}': pre-training would train on its first prompt only"
+            )
+        return
+    if stage == PAIRWISE:
+        check_preference_answers(example, attr, as_messages=False)
+        return
+    if stage == FEEDBACK:
+        check_kto_tag(example, attr)
+    if attr.response and stage != UNSUPERVISED:  # prediction sets map no response column
+        required_text(example.get(attr.response), f"response column '{attr.response}'", "empty response")
+    elif attr.response:
+        optional_text(example, attr.response, "response")
 
 
-def check_openai_row(example: dict[str, Any], attr: DatasetAttr) -> None:
+def check_openai_row(example: dict[str, Any], attr: DatasetAttr, stage: str = SUPERVISED) -> None:
     """Type checks only: tool calls and tool results change the turn order, LLaMA-Factory checks that."""
     messages = example.get(attr.messages)
     if messages is None:
@@ -179,10 +248,24 @@ def check_openai_row(example: dict[str, Any], attr: DatasetAttr) -> None:
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or message.get(attr.role_tag) is None:
             raise DropRow("missing value", f"message {index} has no '{attr.role_tag}'")
+    if stage == PAIRWISE:
+        check_preference_answers(example, attr, as_messages=True)
+    elif stage == FEEDBACK:
+        check_kto_tag(example, attr)
 
 
-def check_sharegpt_row(example: dict[str, Any], attr: DatasetAttr) -> None:
-    read_conversation(example, attr)
+def check_sharegpt_row(example: dict[str, Any], attr: DatasetAttr, stage: str = SUPERVISED) -> None:
+    _, turns = read_conversation(
+        example, attr, ends_with_prompt=stage == PAIRWISE, require_answers=stage in (SUPERVISED, FEEDBACK)
+    )
+    if stage == PRETRAIN and not turns[0][1].strip():
+        raise DropRow(
+            "empty text", f"messages column '{attr.messages}': the first turn, the text pre-trained on, is empty"
+        )
+    if stage == PAIRWISE:
+        check_preference_answers(example, attr, as_messages=True)
+    elif stage == FEEDBACK:
+        check_kto_tag(example, attr)
 
 
 _STOCK_ROW_CHECKS = {"alpaca": check_alpaca_row, "sharegpt": check_sharegpt_row, "openai": check_openai_row}
@@ -219,15 +302,23 @@ def _plugin_version() -> str:
 class GuardedConverter:
     """Wraps one dataset's converter: schema errors raise, bad rows become counted drops.
 
-    ``plugin_version`` is part of the pickled state that ``datasets`` hashes into its cache key
-    (classes themselves are hashed by name), so an upgraded plugin does not reuse stale conversions.
+    ``stage`` is the LLaMA-Factory stage whose processor consumes the rows (recorded by the loader seam,
+    see ``stages.py``): a row is checked for that processor, and a row it would skip or crash on is a drop.
+    ``plugin_version`` and ``stage`` are part of the pickled state that ``datasets`` hashes into its cache
+    key (classes themselves are hashed by name), so an upgraded plugin or another stage does not reuse
+    stale conversions.
     """
 
     converter: DatasetConverter
     formatting: str
     quiet: bool = False
+    stage: str | None = None
     plugin_version: str = field(default_factory=_plugin_version)
     _warned: set[str] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.stage is None:
+            self.stage = stage_for(self.attr)
 
     @property
     def attr(self) -> DatasetAttr:
@@ -235,7 +326,10 @@ class GuardedConverter:
 
     def _fields(self) -> tuple[str, ...]:
         own = getattr(self.converter, "required_fields", None)
-        return required_fields(self.attr, own if own is not None else _STOCK_FIELDS.get(self.formatting, ()))
+        fields = required_fields(self.attr, own if own is not None else _STOCK_FIELDS.get(self.formatting, ()))
+        if self.stage == PAIRWISE and own is None:  # upstream reads the response column only without a pair
+            fields = tuple(name for name in fields if name != "response")
+        return fields
 
     @property
     def uses_messages(self) -> bool:
@@ -244,22 +338,21 @@ class GuardedConverter:
     def required_columns(self) -> tuple[str, ...]:
         return tuple(getattr(self.attr, name) for name in self._fields())
 
-    def _is_plain_sft(self) -> bool:
-        return not self.attr.ranking and not self.attr.kto_tag
-
     def __call__(self, example: dict[str, Any]) -> dict[str, Any]:
         check_columns(example, self.attr, self._fields())
         try:
             check_row = _STOCK_ROW_CHECKS.get(self.formatting)
-            if check_row is not None and self._is_plain_sft():
-                check_row(example, self.attr)
+            if check_row is not None:
+                check_row(example, self.attr, self.stage)
             output = self.converter(example)
         except DropRow as drop:
             return self._drop(drop.kind, drop.detail)
         except (KeyError, TypeError, AttributeError, IndexError, ValueError) as err:
             return self._drop("malformed row", f"{self.formatting} converter raised {type(err).__name__}: {err}")
-        if self._is_plain_sft() and (not output["_prompt"] or not output["_response"]):
-            return self._drop("broken role order", f"LLaMA-Factory's {self.formatting} converter returned no turns")
+        refusal = processor_refusal(output, self.stage)
+        if refusal is not None:
+            kind, detail = refusal
+            return self._drop(kind, f"LLaMA-Factory's {self.formatting} converter: {detail}")
         return {**output, DROP_REASON_COLUMN: ""}
 
     def _drop(self, kind: str, detail: str) -> dict[str, Any]:

@@ -33,7 +33,38 @@ def read_inference_yaml(path: str | Path) -> dict[str, Any]:
         raise ValueError(
             f"{path}: an inference YAML needs model_name_or_path (and usually template, adapter_name_or_path)"
         )
+    check_inference_keys(path, args)
     return args
+
+
+def check_inference_keys(path: Path, args: dict[str, Any]) -> None:
+    """Unknown keys, named in one line before anything loads.
+
+    ``get_infer_args`` applies the same rule (``HfArgumentParser.parse_dict`` over LLaMA-Factory's inference
+    argument classes; ``ALLOW_EXTRA_ARGS=1`` lifts it), but only once the model is about to load, inside a
+    20-line traceback.
+    """
+    import dataclasses
+    import difflib
+
+    from llamafactory.extras.misc import is_env_enabled
+    from llamafactory.hparams import DataArguments, FinetuningArguments, GeneratingArguments, ModelArguments
+
+    if is_env_enabled("ALLOW_EXTRA_ARGS"):
+        return
+    classes = (ModelArguments, DataArguments, FinetuningArguments, GeneratingArguments)
+    known = {field.name for cls in classes for field in dataclasses.fields(cls) if field.init}
+    unknown = [key for key in args if key not in known]
+    if not unknown:
+        return
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), known, n=1)
+        named.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise ValueError(
+        f"{path}: unknown key(s) {', '.join(named)}; an inference YAML takes the keys of `llamafactory-cli chat` "
+        "(LLaMA-Factory's model, data, finetuning and generating arguments)"
+    )
 
 
 def max_positions(model_name_or_path: str, trust_remote_code: bool = False) -> int | None:

@@ -12,9 +12,13 @@ Seams (module → name, parameters relied on):
   behind ``GuardedConverter`` (clear schema errors, counted drops; see ``data/validation.py``).
 - ``data.parser.get_dataset_list(dataset_names, dataset_dir)``: called with the merged entries as a
   dict, which upstream accepts in place of a directory.
-- ``data.loader._load_single_dataset(dataset_attr, model_args, data_args, training_args)``: a file that
-  ``datasets`` cannot load, or rows the guard refused, become one error naming file, row, line and
-  field (``data/row_policy.py``), unless the entry sets ``"skip_invalid_rows": true``.
+- ``data.loader._get_merged_dataset(dataset_names, model_args, data_args, training_args, stage)``: the
+  run's stage, which upstream's converters never see, is recorded while its datasets load, so rows are
+  checked for the processor that consumes them (``data/stages.py``); an entry the stage cannot train on
+  is refused first, naming the dataset_info.json keys to change.
+- ``data.loader._load_single_dataset(dataset_attr, model_args, data_args, training_args)``: an empty file,
+  a file that ``datasets`` cannot load, or rows the guard refused, become one error naming the dataset,
+  file, row, line and field (``data/row_policy.py``), unless the entry sets ``"skip_invalid_rows": true``.
 - ``webui.common.load_dataset_info(dataset_dir)``: the dataset dropdown.
 """
 
@@ -132,14 +136,39 @@ def guarded_converter(dataset_attr: Any, data_args: Any) -> Any:
 
 
 def on_loader_module_loaded(module: ModuleType) -> None:
-    """Malformed rows of a dataset stop the run before tokenisation, named (or are skipped, counted)."""
-    from ..data.row_policy import MalformedDataError, check_converted_rows, malformed_rows_message
-    from ..data.validation import MissingColumnError
+    """Datasets are checked for the run's stage; malformed rows and empty files stop the run before
+    tokenisation, named (or malformed rows are skipped, counted)."""
+    from ..data.row_policy import (
+        EmptyDataError,
+        MalformedDataError,
+        check_converted_rows,
+        empty_files_message,
+        malformed_rows_message,
+    )
+    from ..data.stages import SUPERVISED, UNSUPERVISED, check_stage_fits, loading_stage
+    from ..data.validation import MissingColumnError, dataset_label
 
+    get_merged_dataset = upstream(module, "_get_merged_dataset")
     load_single_dataset = upstream(module, "_load_single_dataset")
+
+    @functools.wraps(get_merged_dataset)
+    def zebra_get_merged_dataset(dataset_names, model_args, data_args, training_args, stage, return_dict=False):
+        for attr in module.get_dataset_list(dataset_names, data_args.dataset_dir) if dataset_names else ():
+            check_stage_fits(attr, stage, dataset_label(attr))
+        rows_for = stage
+        if stage == SUPERVISED and training_args.predict_with_generate and dataset_names is data_args.eval_dataset:
+            rows_for = UNSUPERVISED  # generating reads prompts only (upstream's unsupervised processor)
+        with loading_stage(rows_for):
+            return get_merged_dataset(dataset_names, model_args, data_args, training_args, stage, return_dict)
 
     @functools.wraps(load_single_dataset)
     def zebra_load_single_dataset(dataset_attr, model_args, data_args, training_args):
+        if dataset_attr.load_from == "file":
+            message = empty_files_message(
+                dataset_attr, data_args.dataset_dir, guarded_converter(dataset_attr, data_args)
+            )
+            if message is not None:
+                raise EmptyDataError(message)
         try:
             dataset = load_single_dataset(dataset_attr, model_args, data_args, training_args)
         except Exception as err:
@@ -151,9 +180,9 @@ def on_loader_module_loaded(module: ModuleType) -> None:
                 raise
             raise MalformedDataError(message) from err
         converter = guarded_converter(dataset_attr, data_args)
-        check_converted_rows(dataset, dataset_attr, data_args.dataset_dir, converter, module.logger)
-        return dataset
+        return check_converted_rows(dataset, dataset_attr, data_args.dataset_dir, converter, module.logger)
 
+    wrap(module, "_get_merged_dataset", zebra_get_merged_dataset)
     wrap(module, "_load_single_dataset", zebra_load_single_dataset)
 
 
@@ -175,7 +204,7 @@ def on_webui_common_loaded(module: ModuleType) -> None:
 _SEAMS = {
     "llamafactory.data.converter": (on_converter_module_loaded, "get_dataset_converter"),
     "llamafactory.data.parser": (on_parser_module_loaded, "get_dataset_list"),
-    "llamafactory.data.loader": (on_loader_module_loaded, "_load_single_dataset"),
+    "llamafactory.data.loader": (on_loader_module_loaded, "_load_single_dataset"),  # and _get_merged_dataset
     "llamafactory.webui.common": (on_webui_common_loaded, "load_dataset_info"),
 }
 

@@ -66,6 +66,11 @@ UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("llamafactory.data.converter", "get_dataset_converter", ("name", "dataset_attr", "data_args")),
     ("llamafactory.data.parser", "get_dataset_list", ("dataset_names", "dataset_dir")),
     ("llamafactory.data.loader", "_load_single_dataset", ("dataset_attr", "model_args", "data_args", "training_args")),
+    (
+        "llamafactory.data.loader",
+        "_get_merged_dataset",
+        ("dataset_names", "model_args", "data_args", "training_args", "stage", "return_dict"),
+    ),
     ("llamafactory.webui.common", "load_dataset_info", ("dataset_dir",)),
     ("llamafactory.webui.interface", "run_web_ui", ()),
     ("llamafactory.webui.interface", "run_web_demo", ()),
