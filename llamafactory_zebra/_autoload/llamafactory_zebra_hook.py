@@ -32,6 +32,7 @@ WATCHED_MODULES = frozenset(
         "llamafactory.webui.interface",
         "llamafactory.webui.engine",
         "llamafactory.webui.runner",
+        "llamafactory.chat.hf_engine",
     }
 )
 
