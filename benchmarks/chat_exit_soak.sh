@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 
 RUNS=${1:-20}
 CHAT_YAML=${2:-examples/quickstart_chat.yaml}
-LOAD_PROCS=${LOAD_PROCS:-$(nproc)}
+LOAD_PROCS=${LOAD_PROCS:-$(getconf _NPROCESSORS_ONLN)}  # not nproc: it honours OMP_NUM_THREADS
 CLI=${CLI:-llamafactory-cli}
 LOG_DIR=${LOG_DIR:-$(mktemp -d)}
 mkdir -p "$LOG_DIR"
