@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Soak test for the quickstart's last step: runs the piped chat turn N times beside a CPU load and
 # counts the exit codes. Every run must exit 0; a 134 is the `terminate called without an active
-# exception` abort at interpreter shutdown (see docs/llamafactory.md, "Chat exits cleanly").
+# exception` abort at interpreter shutdown (cause and fix: llamafactory_zebra/integration/chat_exit.py;
+# results: docs/benchmarks.md).
 #
 # Usage (from the repository root, after `bash scripts/quickstart.sh` or its train step):
 #   bash benchmarks/chat_exit_soak.sh [RUNS] [CHAT_YAML]        # defaults: 20 examples/quickstart_chat.yaml
