@@ -47,20 +47,11 @@ def _engine_module():
 
 
 def test_only_a_zebra_generate_thread_stops_being_a_daemon(tiny_model_dir):
-    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from distill_helpers import tiny_qwen3
+    from transformers import AutoModelForCausalLM
 
     zebra = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    qwen3 = Qwen3ForCausalLM(
-        Qwen3Config(
-            vocab_size=32,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            head_dim=8,
-        )
-    )
+    qwen3 = tiny_qwen3(vocab_size=32, num_hidden_layers=1)
     hf_engine, installed_here = _engine_module()
     try:
         assert not hf_engine.Thread(target=zebra.generate, daemon=True).daemon
