@@ -38,6 +38,20 @@ def missing_from_layout(layout: str, parts: list[str]) -> list[str]:
     return [part for part in parts if part not in named]
 
 
+def stale_in_layout(layout: str, package: Path) -> list[str]:
+    """Modules (``name.py``) and folders (``name/``) the layout names that exist nowhere in the package
+    (a folder may also be one of the repository's own: ``examples/``, ``tests/``)."""
+    stale = []
+    for name in sorted(set(re.findall(r"[\w.]+\.py|\w+/", layout))):
+        if name.endswith("/"):
+            found = (package.parent / name).is_dir() or any(p.is_dir() for p in package.rglob(name[:-1]))
+        else:
+            found = any(package.rglob(name))
+        if not found:
+            stale.append(name)
+    return stale
+
+
 def missing_paths(documents: dict[str, str], root: Path) -> list[str]:
     """``file:line: path`` for each quoted path that matches nothing under ``root``."""
     missing = []
@@ -55,10 +69,12 @@ def _documents() -> dict[str, str]:
     return {str(f.relative_to(ROOT)): f.read_text(encoding="utf-8") for f in files}
 
 
-def test_readme_layout_names_every_subpackage_and_top_level_module():
+def test_readme_layout_names_every_subpackage_and_top_level_module_and_nothing_else():
     layout = layout_block((ROOT / "README.md").read_text(encoding="utf-8"))
     missing = missing_from_layout(layout, package_parts(PACKAGE))
     assert not missing, f"README.md's layout block does not name: {', '.join(missing)}"
+    stale = stale_in_layout(layout, PACKAGE)
+    assert not stale, f"README.md's layout block names what the package no longer has: {', '.join(stale)}"
 
 
 def test_every_quoted_repository_path_exists():
@@ -67,7 +83,7 @@ def test_every_quoted_repository_path_exists():
 
 
 def test_a_renamed_path_or_an_unlisted_module_is_reported():
-    """The checks on an edited copy: a quoted path renamed, a module dropped from the layout."""
+    """The checks on edited copies: a quoted path renamed, a module dropped from or renamed in the layout."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "`scripts/quickstart.sh`" in readme or "scripts/quickstart.sh" in readme
     renamed = readme.replace("scripts/quickstart.sh", "scripts/quick_start.sh")
@@ -78,3 +94,4 @@ def test_a_renamed_path_or_an_unlisted_module_is_reported():
     assert "packing.py" in layout
     parts = package_parts(PACKAGE)
     assert missing_from_layout(layout.replace("packing.py", ""), parts) == ["packing.py"]
+    assert stale_in_layout(layout.replace("packing.py", "packed_rows.py"), PACKAGE) == ["packed_rows.py"]
