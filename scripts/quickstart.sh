@@ -45,4 +45,6 @@ PY
 
 echo
 echo "One chat turn with the trained model (47 is held out):"
+# Piped input reads `exit` the moment the reply ends; the plugin joins the generation thread before the
+# interpreter shuts down (llamafactory_zebra/integration/chat_exit.py), so this exits 0, never 134.
 printf 'Write 47 in words.\nexit\n' | llamafactory-cli chat examples/quickstart_chat.yaml

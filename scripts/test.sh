@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # Set up and run the test suite: Debian's chromium for the web UI test, venv + install with the test
 # extra, ruff (lint and format check: CI fails on either), pytest.
-# Usage (from the repository root):  bash scripts/test.sh [pytest args]
+# Usage (from the repository root):  bash scripts/test.sh [--fast] [pytest args]
+#   --fast: the edit loop, `-m "not slow"`: leaves out the tests marked slow (those that start
+#   llamafactory-cli, torchrun, a browser or another Python process); CI runs the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ -z "${ZEBRA_SKIP_BROWSER_TESTS:-}" ] && ! { command -v chromium && command -v chromedriver; } >/dev/null; then
+marks=()
+if [ "${1:-}" = "--fast" ]; then
+  marks=(-m "not slow")
+  shift
+fi
+
+if [ ${#marks[@]} -eq 0 ] && [ -z "${ZEBRA_SKIP_BROWSER_TESTS:-}" ] && ! { command -v chromium && command -v chromedriver; } >/dev/null; then
   bash scripts/install_browser.sh || echo "warning: could not install chromium/chromedriver; the web UI test will fail (set ZEBRA_SKIP_BROWSER_TESTS=1 to skip it)" >&2
 fi
 
@@ -26,4 +34,4 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # Two pytest workers (ZEBRA_TEST_WORKERS=0 for one process): most tests are one single-threaded process
 # that waits on imports, subprocesses and disk much of the time. Whole files go to one worker, so a
 # module's fixtures (the trained distillation teacher, the converted models) are built once.
-python -m pytest -q -n "${ZEBRA_TEST_WORKERS:-2}" --dist loadfile "$@"
+python -m pytest -q -n "${ZEBRA_TEST_WORKERS:-2}" --dist loadfile "${marks[@]}" "$@"

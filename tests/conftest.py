@@ -30,12 +30,18 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer_dir(tmp_path_factory):
-    """The offline test tokenizer's files only: tools that read ``model_name_or_path`` for a tokenizer."""
+def tiny_tokenizer():
+    """The offline test tokenizer (Qwen3's special tokens, a tiny byte-level vocabulary); read-only."""
     from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
 
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory, tiny_tokenizer):
+    """``tiny_tokenizer``'s files only: tools that read ``model_name_or_path`` for a tokenizer."""
     path = tmp_path_factory.mktemp("tiny_tokenizer")
-    build_tiny_tokenizer().save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
     return path
 
 
@@ -48,8 +54,9 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    """A random tiny Zebra (seed 3) for one module's end-to-end runs: trained copies go to their own dirs."""
+def tiny_model_dir_seed3(tmp_path_factory):
+    """A random tiny Zebra and its tokenizer drawn with seed 3 (one per module), for the end-to-end runs
+    through ``llamafactory-cli``; trained copies go to their own dirs."""
     from llamafactory_zebra.cli.init_cmd import write_random_model
 
     return write_random_model("tiny", tmp_path_factory.mktemp("zebra") / "tiny", seed=3)

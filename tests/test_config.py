@@ -161,6 +161,7 @@ print(json.dumps({key: [before.get(key), after.get(key)] for key in before.keys(
 """
 
 
+@pytest.mark.slow
 def test_importing_the_plugin_leaves_transformers_module_globals_alone():
     import subprocess
     import sys

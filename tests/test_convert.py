@@ -343,13 +343,6 @@ def test_cli_reports_bad_input_with_exit_code_2(base_dir, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
-
-    return build_tiny_tokenizer()
-
-
 def start_training(args: dict, tmp_path: Path) -> subprocess.Popen:
     config = tmp_path / f"{args['finetuning_type']}.yaml"
     config.write_text(yaml.safe_dump(args))
@@ -371,8 +364,8 @@ def logged_losses(run: subprocess.Popen, output_dir: str) -> list[float]:
 
 
 @pytest.mark.slow
-def test_converted_qwen3_trains_full_and_lora_then_chats(tokenizer, tmp_path):
-    base = qwen3_base(tmp_path / "qwen3", tokenizer=tokenizer)
+def test_converted_qwen3_trains_full_and_lora_then_chats(tiny_tokenizer, tmp_path):
+    base = qwen3_base(tmp_path / "qwen3", tokenizer=tiny_tokenizer)
     zebra = convert_checkpoint(base, tmp_path / "zebra", ConversionOptions(mla_layers=[1, 3]), progress=False).output
     common = {
         "model_name_or_path": str(zebra),
@@ -419,12 +412,12 @@ def test_converted_qwen3_trains_full_and_lora_then_chats(tokenizer, tmp_path):
 
 
 @pytest.mark.slow
-def test_sensitivity_puts_mla_where_replacing_attention_moves_the_output_most(tokenizer, tmp_path):
+def test_sensitivity_puts_mla_where_replacing_attention_moves_the_output_most(tiny_tokenizer, tmp_path):
     def make_layer_2_matter(model):
         for index, layer in enumerate(model.model.layers):
             layer.self_attn.o_proj.weight.mul_(2.0 if index == 2 else 0.05)
 
-    base = qwen3_base(tmp_path / "qwen3", tokenizer=tokenizer, edit=make_layer_2_matter)
+    base = qwen3_base(tmp_path / "qwen3", tokenizer=tiny_tokenizer, edit=make_layer_2_matter)
     options = ConversionOptions(num_mla=1, select="sensitivity", data=str(DEMO), score_tokens=64)
     result = convert_checkpoint(base, tmp_path / "zebra", options, progress=False, log=lambda _: None)
     scores = {

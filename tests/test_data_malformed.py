@@ -25,21 +25,16 @@ def _turns(*pairs):
 GOOD = {"conversations": _turns(("human", "hi"), ("gpt", "hello"))}
 
 
-@pytest.fixture
-def tokenizer(tiny_tokenizer_dir):
-    return str(tiny_tokenizer_dir)
-
-
 def _write_lines(path, rows):
     path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
 
 
-def _load(tmp_path, tokenizer, file_name, entry, name="mine"):
+def _load(tmp_path, tokenizer_dir, file_name, entry, name="mine"):
     (tmp_path / "dataset_info.json").write_text(json.dumps({name: {"file_name": file_name, **entry}}))
     parser = HfArgumentParser([ModelArguments, DataArguments, TrainingArguments, FinetuningArguments])
     model_args, data_args, training_args, _ = parser.parse_dict(
         {
-            "model_name_or_path": tokenizer,
+            "model_name_or_path": str(tokenizer_dir),
             "dataset": name,
             "dataset_dir": str(tmp_path),
             "template": "qwen3",
@@ -56,21 +51,21 @@ def _load(tmp_path, tokenizer, file_name, entry, name="mine"):
     return get_dataset(template, model_args, data_args, training_args, "sft", **tokenizer_module)
 
 
-def _error(tmp_path, tokenizer, file_name, entry):
+def _error(tmp_path, tokenizer_dir, file_name, entry):
     with pytest.raises(MalformedDataError) as raised:
-        _load(tmp_path, tokenizer, file_name, entry)
+        _load(tmp_path, tokenizer_dir, file_name, entry)
     return str(raised.value)
 
 
-def test_mixed_type_rows_name_the_row_and_field_instead_of_pyarrows_error(tmp_path, tokenizer):
+def test_mixed_type_rows_name_the_row_and_field_instead_of_pyarrows_error(tmp_path, tiny_tokenizer_dir):
     _write_lines(tmp_path / "chat.jsonl", [GOOD, GOOD, {"conversations": "not a list"}, GOOD])
-    message = _error(tmp_path, tokenizer, "chat.jsonl", SHAREGPT)
+    message = _error(tmp_path, tiny_tokenizer_dir, "chat.jsonl", SHAREGPT)
     assert message.startswith(f"Dataset 'mine' ({tmp_path / 'chat.jsonl'}, formatting sharegpt): 1 malformed row(s)")
     assert "chat.jsonl row 2 (line 3): field 'conversations': is a string, but row 0 (line 1) has a list" in message
     assert VALID_SHAREGPT in message
 
 
-def test_missing_role_and_empty_conversation_name_their_rows_and_offer_the_skip(tmp_path, tokenizer):
+def test_missing_role_and_empty_conversation_name_their_rows_and_offer_the_skip(tmp_path, tiny_tokenizer_dir):
     rows = [
         GOOD,
         {"conversations": [{"value": "no role"}, {"from": "gpt", "value": "x"}]},
@@ -78,7 +73,7 @@ def test_missing_role_and_empty_conversation_name_their_rows_and_offer_the_skip(
         GOOD,
     ]
     (tmp_path / "chat.json").write_text(json.dumps(rows, indent=1))
-    message = _error(tmp_path, tokenizer, "chat.json", SHAREGPT)
+    message = _error(tmp_path, tiny_tokenizer_dir, "chat.json", SHAREGPT)
     assert message.startswith(f"Dataset 'mine' ({tmp_path / 'chat.json'}, formatting sharegpt): 2 malformed row(s):")
     assert (
         "chat.json row 1 (line 14): field 'conversations[0].from': missing value: message 0 has no 'from'" in message
@@ -94,41 +89,41 @@ def test_missing_role_and_empty_conversation_name_their_rows_and_offer_the_skip(
         ({"instruction": ["b"], "input": "", "output": "y"}, "instruction"),
     ],
 )
-def test_non_string_value_names_row_and_field(tmp_path, tokenizer, row, field):
+def test_non_string_value_names_row_and_field(tmp_path, tiny_tokenizer_dir, row, field):
     rows = [{"instruction": "a", "input": "", "output": "x"}, row]
     (tmp_path / "data.json").write_text(json.dumps(rows))
-    message = _error(tmp_path, tokenizer, "data.json", ALPACA)
+    message = _error(tmp_path, tiny_tokenizer_dir, "data.json", ALPACA)
     assert f"data.json row 1 (line 1): field '{field}': is a " in message and VALID_ALPACA in message
 
 
-def test_non_string_message_value_inside_a_conversation(tmp_path, tokenizer):
+def test_non_string_message_value_inside_a_conversation(tmp_path, tiny_tokenizer_dir):
     _write_lines(
         tmp_path / "chat.jsonl", [GOOD, {"conversations": _turns(("human", "q")) + [{"from": "gpt", "value": 5}]}]
     )
-    message = _error(tmp_path, tokenizer, "chat.jsonl", SHAREGPT)
+    message = _error(tmp_path, tiny_tokenizer_dir, "chat.jsonl", SHAREGPT)
     assert (
         "chat.jsonl row 1 (line 2): field 'conversations[1].value': wrong type: message 1 'value' must be" in message
     )
 
 
-def test_truncated_jsonl_line_is_named(tmp_path, tokenizer):
+def test_truncated_jsonl_line_is_named(tmp_path, tiny_tokenizer_dir):
     _write_lines(tmp_path / "chat.jsonl", [GOOD, GOOD, json.dumps(GOOD)[:25]])
-    message = _error(tmp_path, tokenizer, "chat.jsonl", SHAREGPT)
+    message = _error(tmp_path, tiny_tokenizer_dir, "chat.jsonl", SHAREGPT)
     assert "chat.jsonl row 2 (line 3): not valid JSON: Unterminated string" in message and "truncated" in message
 
 
-def test_alpaca_parquet_row_with_a_non_string_and_an_empty_output(tmp_path, tokenizer):
+def test_alpaca_parquet_row_with_a_non_string_and_an_empty_output(tmp_path, tiny_tokenizer_dir):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pa.table({"instruction": ["a", "b", "c"], "input": ["", "", ""], "output": ["x", "", "z"]})
     pq.write_table(table, tmp_path / "data.parquet")
-    message = _error(tmp_path, tokenizer, "data.parquet", ALPACA)
+    message = _error(tmp_path, tiny_tokenizer_dir, "data.parquet", ALPACA)
     assert "data.parquet row 1: field 'output': empty response" in message
     assert VALID_ALPACA in message
 
 
-def test_skip_invalid_rows_trains_without_them_and_says_which(tmp_path, tokenizer, monkeypatch):
+def test_skip_invalid_rows_trains_without_them_and_says_which(tmp_path, tiny_tokenizer_dir, monkeypatch):
     import llamafactory.data.loader as loader
 
     warnings = []
@@ -136,7 +131,7 @@ def test_skip_invalid_rows_trains_without_them_and_says_which(tmp_path, tokenize
     _write_lines(
         tmp_path / "chat.jsonl", [GOOD, {"conversations": []}, GOOD, {"conversations": _turns(("human", "q"))}]
     )
-    dataset = _load(tmp_path, tokenizer, "chat.jsonl", {**SHAREGPT, "skip_invalid_rows": True})
+    dataset = _load(tmp_path, tiny_tokenizer_dir, "chat.jsonl", {**SHAREGPT, "skip_invalid_rows": True})
     assert len(dataset["train_dataset"]) == 2
     (warning,) = [w for w in warnings if "skipping" in w]
     assert "dataset 'mine': skipping 2 of 4 rows (skip_invalid_rows)" in warning

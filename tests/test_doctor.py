@@ -14,6 +14,7 @@ NO_GPU = Machine("2.9.0", None, "13.0", (), (), amd_gpus_present=False, nvidia_g
 MI300X = Machine("2.9.0", "6.4.0", None, ("AMD Instinct MI300X",) * 8, ("gfx942",) * 8, True, False)
 
 
+@pytest.mark.slow  # the real checks start nvidia-smi/rocm-smi and a Python process
 def test_doctor_json_on_this_machine(capsys):
     parser = argparse.ArgumentParser()
     doctor_cli.add_parser(parser.add_subparsers())

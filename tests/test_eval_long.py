@@ -17,21 +17,13 @@ from llamafactory_zebra.evaluation.prefill import chunked_packed_logits, chunked
 from llamafactory_zebra.evaluation.runner import PromptFormat, generate_answers
 from llamafactory_zebra.evaluation.scoring import match_all, match_part, score_sample
 from llamafactory_zebra.evaluation.tasks import TASKS, TaskOptions, check_task_names, depth_grid, generate_samples
-from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    tok = build_tiny_tokenizer()
-    tok.padding_side = "left"
-    return tok
-
-
-@pytest.fixture(scope="module")
-def prompt_format(tokenizer):
-    return PromptFormat(tokenizer)
+def prompt_format(tiny_tokenizer):
+    return PromptFormat(tiny_tokenizer)
 
 
 def measure_with(prompt_format, extra=0):
@@ -123,13 +115,13 @@ def test_chunked_prefill_of_a_packed_batch_matches_the_packed_forward():
         torch.testing.assert_close(logits, reference, atol=2e-5, rtol=1e-5)
 
 
-def test_generate_with_prefill_chunks_gives_the_one_shot_answers(tokenizer, prompt_format):
-    model = _tiny(vocab_size=len(tokenizer))
+def test_generate_with_prefill_chunks_gives_the_one_shot_answers(tiny_tokenizer, prompt_format):
+    model = _tiny(vocab_size=len(tiny_tokenizer))
     haystack = noise_haystack(prompt_format.encode_text)
     samples = generate_samples("niah_multikey", 300, 2, measure_with(prompt_format, 8), haystack, seed=3)
     prompts = [prompt_format.ids(sample)[: 290 - 7 * i] for i, sample in enumerate(samples)]
-    one_shot = generate_answers(model, tokenizer, prompts, 8, prefill_chunk_size=4096)
-    chunked = generate_answers(model, tokenizer, prompts, 8, prefill_chunk_size=37)
+    one_shot = generate_answers(model, tiny_tokenizer, prompts, 8, prefill_chunk_size=4096)
+    chunked = generate_answers(model, tiny_tokenizer, prompts, 8, prefill_chunk_size=37)
     assert chunked == one_shot
 
 
@@ -221,7 +213,9 @@ def _niah_score(model, tokenizer, prompt_format, samples):
 
 
 @pytest.mark.slow
-def test_a_model_trained_on_retrieval_scores_above_chance_and_the_untrained_one_does_not(tokenizer, prompt_format):
+def test_a_model_trained_on_retrieval_scores_above_chance_and_the_untrained_one_does_not(
+    tiny_tokenizer, prompt_format
+):
     """One-digit needles at 128 tokens: chance is 10 %. Two MLA layers learn the lookup in ~150 steps."""
     haystack = noise_haystack(prompt_format.encode_text)
     options = TaskOptions(value_digits=1)
@@ -232,24 +226,24 @@ def test_a_model_trained_on_retrieval_scores_above_chance_and_the_untrained_one_
     rows = [(prompt_format.ids(s), prompt_format.encode_text(" " + s.answers[0])) for s in train]
     config = ZebraConfig.from_preset(
         "tiny",
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tiny_tokenizer),
+        pad_token_id=tiny_tokenizer.pad_token_id,
+        eos_token_id=tiny_tokenizer.eos_token_id,
         num_hidden_layers=2,
         layer_types=["mla", "mla"],
     )
     torch.manual_seed(0)
     model = ZebraForCausalLM(config)
-    untrained = _niah_score(model, tokenizer, prompt_format, test)
+    untrained = _niah_score(model, tiny_tokenizer, prompt_format, test)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
     for step in range(160):
-        ids, labels = _retrieval_batch(rows, tokenizer, 16 * step, 16)
+        ids, labels = _retrieval_batch(rows, tiny_tokenizer, 16 * step, 16)
         loss = model(ids, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    trained = _niah_score(model, tokenizer, prompt_format, test)
+    trained = _niah_score(model, tiny_tokenizer, prompt_format, test)
     assert untrained <= 15, untrained
     assert trained >= 40, trained
 

@@ -15,10 +15,10 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.slow
 
 
-def _preset_args(tiny_dir, out, preset, **overrides):
+def _preset_args(tiny_model_dir_seed3, out, preset, **overrides):
     return {
         **BASE_ARGS,
-        "model_name_or_path": str(tiny_dir),
+        "model_name_or_path": str(tiny_model_dir_seed3),
         "finetuning_type": "full",
         "output_dir": str(out),
         "deepspeed": str(REPO / "deepspeed_configs" / f"{preset}.json"),  # as shipped: bf16 "auto" -> fp32 here
@@ -33,17 +33,17 @@ def _preset_args(tiny_dir, out, preset, **overrides):
 @pytest.mark.parametrize(
     "preset", ["ds_z3_bf16", "ds_z3_bf16_offload_optimizer", "ds_z3_bf16_offload_all", "ds_z2_bf16"]
 )
-def test_two_processes_with_each_deepspeed_preset_save_every_weight(tiny_dir, tmp_path, preset):
+def test_two_processes_with_each_deepspeed_preset_save_every_weight(tiny_model_dir_seed3, tmp_path, preset):
     """The "empty ZeRO-3 save" trap: the saved model must hold every weight, trained, and reload strictly.
     The preset is used unmodified with the YAML's ``bf16: false`` (CPU): its bf16 "auto" follows the YAML."""
-    args = _preset_args(tiny_dir, tmp_path / preset, preset)
+    args = _preset_args(tiny_model_dir_seed3, tmp_path / preset, preset)
     log = run_cli("train", args, tmp_path, env=two_ranks())
     out = Path(args["output_dir"])
     assert ("MLPs run over sequence tiles" in log) == args["tiled_mlp"]
     for rank in (0, 1):
         assert f"llamafactory-zebra 0.1.0 active in rank {rank}" in log
     assert len(logged_losses(out)) == args["max_steps"]
-    initial, saved = load_file(tiny_dir / "model.safetensors"), load_file(out / "model.safetensors")
+    initial, saved = load_file(tiny_model_dir_seed3 / "model.safetensors"), load_file(out / "model.safetensors")
     assert saved.keys() == initial.keys()
     for name, tensor in initial.items():
         assert saved[name].shape == tensor.shape and torch.isfinite(saved[name]).all(), name

@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.slow
 
 
-def test_full_sft_then_resume_from_a_checkpoint_reaches_the_same_end(tiny_dir, tmp_path):
-    args = {**BASE_ARGS, "model_name_or_path": str(tiny_dir), "finetuning_type": "full", "plot_loss": True}
+def test_full_sft_then_resume_from_a_checkpoint_reaches_the_same_end(tiny_model_dir_seed3, tmp_path):
+    args = {**BASE_ARGS, "model_name_or_path": str(tiny_model_dir_seed3), "finetuning_type": "full", "plot_loss": True}
     out = tmp_path / "full"
     log = run_cli("train", {**args, "output_dir": str(out), "save_strategy": "steps", "save_steps": 3}, tmp_path)
     assert "llamafactory-zebra 0.1.0 active" in log
@@ -54,10 +54,14 @@ def test_full_sft_then_resume_from_a_checkpoint_reaches_the_same_end(tiny_dir, t
         torch.testing.assert_close(again[name], tensor, rtol=1e-4, atol=1e-5)
 
 
-def test_lora_all_targets_both_mixers_and_exports_a_standalone_merge(tiny_dir, tmp_path):
+def test_lora_all_targets_both_mixers_and_exports_a_standalone_merge(tiny_model_dir_seed3, tmp_path):
     adapter = tmp_path / "lora"
     lora = {"finetuning_type": "lora", "lora_target": "all", "lora_rank": 4, "learning_rate": 2.0e-2}
-    run_cli("train", {**BASE_ARGS, **lora, "model_name_or_path": str(tiny_dir), "output_dir": str(adapter)}, tmp_path)
+    run_cli(
+        "train",
+        {**BASE_ARGS, **lora, "model_name_or_path": str(tiny_model_dir_seed3), "output_dir": str(adapter)},
+        tmp_path,
+    )
     assert_loss_falls(logged_losses(adapter))
     targets = set(json.loads((adapter / "adapter_config.json").read_text())["target_modules"])
     assert {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "out_proj"} <= targets
@@ -66,7 +70,7 @@ def test_lora_all_targets_both_mixers_and_exports_a_standalone_merge(tiny_dir, t
 
     merged = tmp_path / "merged"
     export = {
-        "model_name_or_path": str(tiny_dir),
+        "model_name_or_path": str(tiny_model_dir_seed3),
         "adapter_name_or_path": str(adapter),
         "template": "zebra",
         "finetuning_type": "lora",
@@ -80,42 +84,51 @@ def test_lora_all_targets_both_mixers_and_exports_a_standalone_merge(tiny_dir, t
     standalone = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).eval()
     assert type(standalone).__name__ == "ZebraForCausalLM"
     assert not any("lora" in name for name in standalone.state_dict())
-    base = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir_seed3, dtype=torch.float32)
     with_adapter = PeftModel.from_pretrained(base, adapter).eval()
     tokens = torch.randint(0, standalone.config.vocab_size, (1, 24))
     with torch.no_grad():
         torch.testing.assert_close(standalone(tokens).logits, with_adapter(tokens).logits, rtol=1e-4, atol=1e-5)
 
 
-def test_freeze_tuning_trains_only_the_last_layers(tiny_dir, tmp_path):
+def test_freeze_tuning_trains_only_the_last_layers(tiny_model_dir_seed3, tmp_path):
     out = tmp_path / "freeze"
     freeze = {"finetuning_type": "freeze", "freeze_trainable_layers": 2, "freeze_trainable_modules": "all"}
-    run_cli("train", {**BASE_ARGS, **freeze, "model_name_or_path": str(tiny_dir), "output_dir": str(out)}, tmp_path)
+    run_cli(
+        "train",
+        {**BASE_ARGS, **freeze, "model_name_or_path": str(tiny_model_dir_seed3), "output_dir": str(out)},
+        tmp_path,
+    )
     assert_loss_falls(logged_losses(out))
-    before, after = load_file(tiny_dir / "model.safetensors"), load_file(out / "model.safetensors")
+    before, after = load_file(tiny_model_dir_seed3 / "model.safetensors"), load_file(out / "model.safetensors")
     changed = {name for name in before if not torch.equal(before[name], after[name])}
     assert changed and all(name.startswith(("model.layers.2.", "model.layers.3.")) for name in changed)
     assert any(".mla." in name or ".gdn." in name for name in changed)
 
 
-def test_chat_model_answers_one_turn_with_the_hybrid_cache(tiny_dir):
+def test_chat_model_answers_one_turn_with_the_hybrid_cache(tiny_model_dir_seed3):
     from llamafactory.chat import ChatModel
 
     chat = ChatModel(
-        {"model_name_or_path": str(tiny_dir), "template": "zebra", "infer_backend": "huggingface", "max_new_tokens": 8}
+        {
+            "model_name_or_path": str(tiny_model_dir_seed3),
+            "template": "zebra",
+            "infer_backend": "huggingface",
+            "max_new_tokens": 8,
+        }
     )
     responses = chat.chat([{"role": "user", "content": "What is 2 + 2?"}])
     assert len(responses) == 1 and responses[0].response_length >= 1
     assert type(chat.engine.model).__name__ == "ZebraForCausalLM"
 
 
-def test_openai_api_server_generates(tiny_dir, tmp_path):
+def test_openai_api_server_generates(tiny_model_dir_seed3, tmp_path):
     port = free_port()
     config = tmp_path / "api.yaml"
     config.write_text(
         yaml.safe_dump(
             {
-                "model_name_or_path": str(tiny_dir),
+                "model_name_or_path": str(tiny_model_dir_seed3),
                 "template": "zebra",
                 "infer_backend": "huggingface",
                 "max_new_tokens": 8,
@@ -150,13 +163,13 @@ def test_openai_api_server_generates(tiny_dir, tmp_path):
         server.wait(timeout=30)
 
 
-def test_disabled_plugin_leaves_zebra_unknown_to_stock_llamafactory(tiny_dir, tmp_path):
+def test_disabled_plugin_leaves_zebra_unknown_to_stock_llamafactory(tiny_model_dir_seed3, tmp_path):
     config = tmp_path / "train.yaml"
     config.write_text(
         yaml.safe_dump(
             {
                 **BASE_ARGS,
-                "model_name_or_path": str(tiny_dir),
+                "model_name_or_path": str(tiny_model_dir_seed3),
                 "finetuning_type": "full",
                 "output_dir": str(tmp_path / "o"),
                 "dataset": "zebra_demo",

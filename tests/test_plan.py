@@ -171,6 +171,7 @@ def _deepspeed_buffers(stage: int) -> tuple[int, dict[str, int]]:
     return params, deepspeed_state_bytes(engine)
 
 
+@pytest.mark.slow  # a forked DeepSpeed process
 def test_model_state_buffers_equal_what_deepspeed_allocates():
     # A child process keeps torch.distributed out of the test process; fork reuses the imports already made.
     context = multiprocessing.get_context("fork")

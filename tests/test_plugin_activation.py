@@ -5,6 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # every test starts a fresh interpreter
+
 PROBE = """
 import json, sys
 import llamafactory.extras.constants as constants

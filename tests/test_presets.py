@@ -163,6 +163,7 @@ def _run_launcher(tmp_path, script, env_overrides, args=("train.yaml", "mi300x")
     return result, seen
 
 
+@pytest.mark.slow
 def test_single_node_script_sets_what_llamafactory_launcher_reads(tmp_path):
     result, seen = _run_launcher(tmp_path, "train_single_node.sh", {})
     assert result.returncode == 0, result.stderr
@@ -171,6 +172,7 @@ def test_single_node_script_sets_what_llamafactory_launcher_reads(tmp_path):
     assert {k: seen[k] for k in _env_file("mi300x.env")} == _env_file("mi300x.env")
 
 
+@pytest.mark.slow
 def test_multi_node_script_requires_and_exports_the_rendezvous(tmp_path):
     rendezvous = {"NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
     result, seen = _run_launcher(tmp_path, "train_multi_node.sh", rendezvous, ("train.yaml", "mi250"))

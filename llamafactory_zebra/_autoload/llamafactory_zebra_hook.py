@@ -42,6 +42,7 @@ WATCHED_MODULES = frozenset(
         "llamafactory.webui.interface",
         "llamafactory.webui.engine",
         "llamafactory.webui.runner",
+        "llamafactory.chat.hf_engine",
     }
 )
 

@@ -14,7 +14,7 @@ from types import ModuleType
 from llamafactory_zebra_hook import DISABLE_ENV
 
 from .. import __version__
-from . import datasets, launcher, seams, training, webui
+from . import chat_exit, datasets, launcher, seams, training, webui
 
 _announced = False
 
@@ -33,6 +33,7 @@ HANDLERS: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
     "llamafactory.webui.interface": (webui.on_interface_loaded,),
     "llamafactory.webui.engine": (webui.on_engine_loaded,),
     "llamafactory.webui.runner": (webui.on_runner_loaded,),
+    "llamafactory.chat.hf_engine": (chat_exit.on_hf_engine_loaded,),
 }
 
 

@@ -76,6 +76,7 @@ UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("llamafactory.webui.interface", "run_web_demo", ()),
     ("llamafactory.webui.engine", "Engine.resume", ("self",)),
     ("llamafactory.webui.runner", "Runner._parse_train_args", ("self", "data")),
+    ("llamafactory.chat.hf_engine", "Thread", ("group", "target", "name", "args", "kwargs")),
     (
         "llamafactory.train.sft.workflow",
         "CustomSeq2SeqTrainer",
