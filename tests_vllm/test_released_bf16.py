@@ -8,6 +8,8 @@ from vllm_parity import agreement, errors_between, prompts, reference_logprobs, 
 from vllm_parity import zebra_model
 from zebra_helpers import write_released_layout
 
+from llamafactory_zebra.modeling_zebra import ZebraForCausalLM
+
 pytestmark = pytest.mark.slow
 
 LENGTHS = [1, 4, 19, 77, 200]
@@ -17,8 +19,13 @@ NOISE_MULTIPLE = 3.0
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     path = tmp_path_factory.mktemp("zebra-released")
-    model = zebra_model(seed=3, mla_norm="lora")
-    write_released_layout(path, model, hybrid_overrides={"use_lora_layer_norm": True, "gdn_expand_v": 2})
+    # The RoPE that write_released_layout's files state (YaRN ×32 over 32K): the saved model must be the one described.
+    yarn = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 32.0, "original_max_position_embeddings": 32768}
+    model = zebra_model(seed=3, mla_norm="lora", rope_parameters=yarn, max_position_embeddings=32768 * 32)
+    write_released_layout(path, model, hybrid_overrides={"use_lora_layer_norm": True})
+    # The reference is what transformers reads back from the released directory.
+    model = ZebraForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    assert model.config.mla_norm == "lora" and model.config.rope_parameters["factor"] == 32.0
     llm = start_engine(path, "bfloat16")
     try:
         served = serve(llm, prompts(LENGTHS, model.config.vocab_size, seed=4), 6)
