@@ -4,8 +4,16 @@ own noise — the same transformers model run in bf16 on the same tokens."""
 
 import pytest
 import torch
-from vllm_parity import agreement, errors_between, prompts, reference_logprobs, serve, start_engine, stop_engine
-from vllm_parity import zebra_model
+from vllm_parity import (
+    agreement,
+    errors_between,
+    prompts,
+    reference_logprobs,
+    serve,
+    start_engine,
+    stop_engine,
+    zebra_model,
+)
 from zebra_helpers import write_released_layout
 
 from llamafactory_zebra.modeling_zebra import ZebraForCausalLM
