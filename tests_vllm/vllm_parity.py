@@ -136,15 +136,26 @@ def errors_between(reference: torch.Tensor, other: torch.Tensor, tokens: list[in
     return delta.mean().item(), delta.max().item()
 
 
-def load_failure(path) -> str:
-    """Start an engine on ``path`` in a child process; return its output (the start must fail)."""
+def load_failures(paths: list) -> list[str]:
+    """Start an engine on each path, in one child process (one vLLM import), the engine core in-process;
+    return what each start raised. A start that succeeds is an error."""
     code = (
-        "import sys\n"
+        "import os, sys\n"
+        "os.environ['VLLM_ENABLE_V1_MULTIPROCESSING'] = '0'\n"
         "from vllm import LLM\n"
         "if __name__ == '__main__':\n"
-        f"    LLM({str(path)!r}, dtype='float32', enforce_eager=True, max_model_len=128, skip_tokenizer_init=True)\n"
-        "    sys.exit('engine started')\n"
+        "    for path in sys.argv[1:]:\n"
+        "        try:\n"
+        "            LLM(path, dtype='float32', enforce_eager=True, max_model_len=128, skip_tokenizer_init=True,\n"
+        "                distributed_executor_backend='uni')\n"
+        "        except Exception as error:\n"
+        "            print('REFUSED', path, '::', str(error).replace(chr(10), ' '), flush=True)\n"
+        "        else:\n"
+        "            print('STARTED', path, flush=True)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert result.returncode != 0, "the engine started on a broken checkpoint"
-    return result.stdout + result.stderr
+    result = subprocess.run(
+        [sys.executable, "-c", code, *map(str, paths)], capture_output=True, text=True, timeout=600
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith(("REFUSED", "STARTED"))]
+    assert len(lines) == len(paths), result.stdout[-2000:] + result.stderr[-4000:]
+    return lines
