@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 # from its GDN and KV state while the other requests decode in the same steps.
 LENGTHS = [1, 2, 3, 7, 16, 31, 64, 129, 257, 300]
 NEW_TOKENS = 6
-FP32_TOLERANCE = 1e-3  # measured: ~1e-6
+FP32_TOLERANCE = 1e-3  # measured: 1.3e-5
 
 
 @pytest.fixture(scope="module")
