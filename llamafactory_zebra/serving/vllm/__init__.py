@@ -1,0 +1,41 @@
+"""vLLM model plugin for Zebra checkpoints (MLA + Gated DeltaNet hybrids): ``vllm serve DIR`` / ``vllm.LLM(DIR)``.
+
+How it plugs in: ``pyproject.toml`` declares the ``vllm.general_plugins`` entry point ``zebra`` →
+:func:`register`, which vLLM calls in every process it starts. :func:`register` registers ``ZebraConfig``
+with transformers' ``AutoConfig`` (native checkpoints: ``model_type: zebra``), installs the config parser
+that reads AMD's released layout (Qwen3 ``config.json`` + ``hybrid_config.json``; why a parser under
+the name ``hf``: ``config_parser.py``), and registers the architecture ``ZebraForCausalLM`` with vLLM's
+``ModelRegistry`` (lazily, by module path). No flag and no ``trust_remote_code`` is needed.
+
+What runs where (``model.py``, ``mla.py``, ``gdn.py``):
+- MLA layers: expanded keys/values in vLLM's paged ``Attention`` (all vLLM backends; the only route on CPU,
+  whose MLA kernels take a 576-wide latent only). A latent (320-wide) MLA cache is not implemented.
+- GDN layers: vLLM's state slots (``MambaBase``), this project's conv / gated-delta-rule ops on them
+  (PyTorch on CPU, fla's kernels on GPU — GPU not verified).
+- Verified on CPU (``tests_vllm/``, vLLM CPU 0.32): fp32 log-probs of every prompt and generated token
+  equal the transformers model's to 1.3e-5 (released head shapes at small width, 1-300-token prompts,
+  chunked prefill, a batch of mixed lengths = each prompt alone; every ``mla_norm``, both RoPE
+  conventions, YaRN with and without DeepSeek's mscale, ``q_lora_rank: null``, attention biases);
+  bf16, mean/max |Δ log-prob| against fp32: 0.036/0.28 on the released layout (transformers-bf16's own:
+  0.035/0.28), 0.020/0.10 on a native qk_head checkpoint (own: 0.021/0.11). Eager and the default ``torch.compile`` mode. Broken checkpoints are refused naming the key.
+- Not supported (refused at load, naming the option): tensor/pipeline parallelism, speculative decoding,
+  ``rope_type: dynamic``, activations other than SiLU. Prefix caching is switched off (``engine_config.py``).
+"""
+
+from __future__ import annotations
+
+ARCHITECTURE = "ZebraForCausalLM"
+
+
+def register() -> None:
+    """vLLM's ``general_plugins`` hook: the Zebra config in both layouts and the model class."""
+    from vllm import ModelRegistry
+
+    from .config_parser import register_config_parser_for_released_layout, register_zebra_config
+    from .engine_config import register_engine_config
+
+    register_zebra_config()
+    register_config_parser_for_released_layout()
+    register_engine_config(ARCHITECTURE)
+    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(ARCHITECTURE, "llamafactory_zebra.serving.vllm.model:ZebraForCausalLM")
