@@ -1,0 +1,35 @@
+"""vLLM model plugin for Zebra checkpoints (MLA + Gated DeltaNet hybrids): ``vllm serve DIR`` / ``vllm.LLM(DIR)``.
+
+How it plugs in: ``pyproject.toml`` declares the ``vllm.general_plugins`` entry point ``zebra`` →
+:func:`register`, which vLLM calls in every process it starts. :func:`register` registers ``ZebraConfig``
+with transformers' ``AutoConfig`` (native checkpoints: ``model_type: zebra``), installs the config parser
+that reads AMD's released layout (Qwen3 ``config.json`` + ``hybrid_config.json``; why a parser under
+the name ``hf``: ``config_parser.py``), and registers the architecture ``ZebraForCausalLM`` with vLLM's
+``ModelRegistry`` (lazily, by module path). No flag and no ``trust_remote_code`` is needed.
+
+What runs where (``model.py``, ``mla.py``, ``gdn.py``):
+- MLA layers: expanded keys/values in vLLM's paged ``Attention`` (all vLLM backends; the only route on CPU,
+  whose MLA kernels take a 576-wide latent only). A latent (320-wide) MLA cache is not implemented.
+- GDN layers: vLLM's state slots (``MambaBase``), this project's conv / gated-delta-rule ops on them
+  (PyTorch on CPU, fla's kernels on GPU — GPU not verified).
+- Verified on CPU (``tests_vllm/``): fp32 and bf16 log-probs against the transformers model, every
+  ``mla_norm``, both RoPE conventions, YaRN, released head shapes, batched requests, broken checkpoints.
+- Not supported (refused at load, naming the option): tensor/pipeline parallelism, speculative decoding,
+  ``rope_type: dynamic``, activations other than SiLU.
+"""
+
+from __future__ import annotations
+
+ARCHITECTURE = "ZebraForCausalLM"
+
+
+def register() -> None:
+    """vLLM's ``general_plugins`` hook: the Zebra config in both layouts and the model class."""
+    from vllm import ModelRegistry
+
+    from .config_parser import register_config_parser_for_released_layout, register_zebra_config
+
+    register_zebra_config()
+    register_config_parser_for_released_layout()
+    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(ARCHITECTURE, "llamafactory_zebra.serving.vllm.model:ZebraForCausalLM")
