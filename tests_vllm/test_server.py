@@ -165,7 +165,9 @@ def test_completions_endpoint(server, tokenizer):
     assert body["usage"]["prompt_tokens"] == len(tokenizer(prompt)["input_ids"])
     assert choice["prompt_token_ids"] == tokenizer(prompt)["input_ids"]
     assert len(choice["token_ids"]) == 8
-    assert choice["text"] == tokenizer.decode(choice["token_ids"])
+    # vLLM's incremental detokenizer holds back a trailing incomplete UTF-8 sequence (byte-level tokens
+    # of a random model); a full decode shows it as U+FFFD.
+    assert choice["text"] == tokenizer.decode(choice["token_ids"]).rstrip("\ufffd")
 
 
 @pytest.mark.parametrize("enable_thinking", [False, True])
