@@ -195,15 +195,17 @@ def main() -> None:
         work = Path(tmp)
         model_dir = work / "zebra-100m"
         built = subprocess_side(args.hf_python, "build", args, model_dir, work)
-        results = {side: subprocess_side(python, side, args, model_dir, work) for side, python in
-                   (("hf", args.hf_python), ("vllm", args.vllm_python))}
+        results = {
+            side: subprocess_side(python, side, args, model_dir, work)
+            for side, python in (("hf", args.hf_python), ("vllm", args.vllm_python))
+        }
 
     print(
         f"\nZebra, {built['parameters'] / 1e6:.1f}M parameters (released head shapes), {args.dtype}; "
         f"{args.num_prompts} prompts x {args.prompt_tokens} tokens in, up to {args.output_tokens} out; "
         f"{os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
     )
-    print(f"| engine | load s | generate s | prompt tokens | output tokens | output tokens/s |")
+    print("| engine | load s | generate s | prompt tokens | output tokens | output tokens/s |")
     print("|---|---:|---:|---:|---:|---:|")
     names = {"hf": "LLaMA-Factory ChatModel (huggingface)", "vllm": "vLLM LLM.chat (this plugin)"}
     rates = {}

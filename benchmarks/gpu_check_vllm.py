@@ -55,11 +55,15 @@ def vllm_run(model_dir: Path, args: argparse.Namespace) -> tuple[list[list[int]]
     params = SamplingParams(max_tokens=GENERATED, temperature=0.0, ignore_eos=True, logprobs=0, prompt_logprobs=0)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     sequences, served = [], []
-    for prompt, output in zip(prompts, outputs):
+    for prompt, output in zip(prompts, outputs, strict=True):
         generated = list(output.outputs[0].token_ids)
         ids = prompt + generated
-        prompt_part = [entry[token].logprob for entry, token in zip(output.prompt_logprobs[1:], prompt[1:])]
-        generated_part = [entry[token].logprob for entry, token in zip(output.outputs[0].logprobs, generated)]
+        prompt_part = [
+            entry[token].logprob for entry, token in zip(output.prompt_logprobs[1:], prompt[1:], strict=True)
+        ]
+        generated_part = [
+            entry[token].logprob for entry, token in zip(output.outputs[0].logprobs, generated, strict=True)
+        ]
         sequences.append(ids)
         served.append(torch.tensor(prompt_part + generated_part))
 
@@ -76,7 +80,7 @@ def vllm_run(model_dir: Path, args: argparse.Namespace) -> tuple[list[list[int]]
 
 
 def errors(values: list, reference: list) -> tuple[float, float]:
-    diffs = torch.cat([(v - r).abs() for v, r in zip(values, reference)])
+    diffs = torch.cat([(v - r).abs() for v, r in zip(values, reference, strict=True)])
     return diffs.mean().item(), diffs.max().item()
 
 
