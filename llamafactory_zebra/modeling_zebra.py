@@ -107,6 +107,9 @@ class GatedDeltaNetCacheLayer(LinearAttentionCacheLayerMixin):
 
     def __init__(self, split_sizes: tuple[int, int, int]) -> None:
         super().__init__()
+        # transformers >= 5.19's mixin keeps dicts of several states per layer; this layer keeps one of each.
+        self.conv_states = self.recurrent_states = None
+        self.is_conv_states_initialized = self.is_recurrent_states_initialized = self.has_previous_state = False
         self.split_sizes = split_sizes
         self.seen_tokens = 0
 
@@ -144,7 +147,10 @@ class GatedDeltaNetCacheLayer(LinearAttentionCacheLayerMixin):
         self.has_previous_state = True
 
     def reset(self) -> None:
-        super().reset()
+        for state in (self.conv_states, self.recurrent_states):
+            if state is not None:
+                state.zero_()
+        self.has_previous_state = False
         self.seen_tokens = 0
 
 

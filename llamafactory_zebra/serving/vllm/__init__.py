@@ -15,7 +15,7 @@ What runs where (``model.py``, ``mla.py``, ``gdn.py``):
 - Verified on CPU (``tests_vllm/``): fp32 and bf16 log-probs against the transformers model, every
   ``mla_norm``, both RoPE conventions, YaRN, released head shapes, batched requests, broken checkpoints.
 - Not supported (refused at load, naming the option): tensor/pipeline parallelism, speculative decoding,
-  ``rope_type: dynamic``, activations other than SiLU.
+  ``rope_type: dynamic``, activations other than SiLU. Prefix caching is switched off (``engine_config.py``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ def register() -> None:
     from vllm import ModelRegistry
 
     from .config_parser import register_config_parser_for_released_layout, register_zebra_config
+    from .engine_config import register_engine_config
 
     register_zebra_config()
     register_config_parser_for_released_layout()
+    register_engine_config(ARCHITECTURE)
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, "llamafactory_zebra.serving.vllm.model:ZebraForCausalLM")

@@ -160,11 +160,12 @@ class ZebraMLAAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         query = self.queries(hidden_states)
         key, value = self.keys_values(hidden_states)
+        tokens = hidden_states.shape[0]
         query_rope, key_rope = self.rotary_emb(
-            positions, query[..., self.nope :].contiguous(), key[..., self.nope :].contiguous()
+            positions, query[..., self.nope :].reshape(tokens, -1), key[..., self.nope :].reshape(tokens, -1)
         )
-        query = torch.cat((query[..., : self.nope], query_rope.view_as(query[..., self.nope :])), dim=-1)
-        key = torch.cat((key[..., : self.nope], key_rope.view_as(key[..., self.nope :])), dim=-1)
+        query = torch.cat((query[..., : self.nope], query_rope.view(tokens, self.num_heads, -1)), dim=-1)
+        key = torch.cat((key[..., : self.nope], key_rope.view(tokens, self.num_kv_heads, -1)), dim=-1)
         query, key, value = (F.pad(x, [0, self.head_size - x.shape[-1]]) for x in (query, key, value))
         output = self.attn(query.flatten(1), key.flatten(1), value.flatten(1))
         output = output.view(-1, self.num_heads, self.head_size)[..., : self.v_head_dim]
