@@ -42,8 +42,7 @@ def checkpoint_shapes(config: ZebraConfig) -> dict[str, tuple[int, ...]]:
         "model.embed_tokens.weight": (config.vocab_size, hidden),
         "model.norm.weight": (hidden,),
     }
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    shapes["lm_head.weight"] = (config.vocab_size, hidden)  # optional with tie_word_embeddings (see load_weights)
     for index, layer_type in enumerate(config.layer_types):
         prefix = f"model.layers.{index}"
         layer = {
@@ -196,8 +195,6 @@ class ZebraForCausalLM(nn.Module, HasInnerState, IsHybrid):
         self.config = config
         self.model = ZebraModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, prefix=maybe_prefix(prefix, "lm_head"))
-        if config.tie_word_embeddings:
-            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
         self.logits_processor = LogitsProcessor(config.vocab_size)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -231,18 +228,17 @@ class ZebraForCausalLM(nn.Module, HasInnerState, IsHybrid):
         return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Load transformers-named weights; refuse a missing, extra or mis-shaped key by name."""
+        """Load transformers-named weights; refuse a missing, extra or mis-shaped key by name.
+
+        ``tie_word_embeddings``: the transformers model never ties its head (it declares no tied keys), so a
+        checkpoint's ``lm_head.weight`` is the head whatever the flag says; only a checkpoint that sets the
+        flag and omits ``lm_head.weight`` gets the embedding as its head.
+        """
         expected = checkpoint_shapes(self.config)
         params = dict(self.named_parameters())
         seen: set[str] = set()
         loaded: set[str] = set()
         for name, tensor in weights:
-            if self.config.tie_word_embeddings and name == "lm_head.weight" and name not in expected:
-                expected[name] = expected["model.embed_tokens.weight"]  # a tied head saved anyway: same tensor
-                seen.add(name)
-                if tuple(tensor.shape) != expected[name]:
-                    raise ValueError(_shape_error(name, tensor, expected[name]))
-                continue
             if name not in expected:
                 raise ValueError(
                     f"checkpoint weight {name!r} is not part of this Zebra model (layer plan {self.config.layer_types}, "
@@ -260,14 +256,16 @@ class ZebraForCausalLM(nn.Module, HasInnerState, IsHybrid):
             else:
                 loader(param, tensor, shard)
             loaded.add(target)
+        if self.config.tie_word_embeddings and "lm_head.weight" not in seen:
+            seen.add("lm_head.weight")
+            self.lm_head.weight.data.copy_(params["model.embed_tokens.weight"].data)
+            loaded.add("lm_head.weight")
         missing = sorted(set(expected) - seen)
         if missing:
             raise ValueError(
                 f"checkpoint is missing {len(missing)} weight(s) this Zebra config needs: {', '.join(missing[:8])}"
                 + (" …" if len(missing) > 8 else "")
             )
-        if self.config.tie_word_embeddings:
-            loaded.add("lm_head.weight")
         return loaded
 
 
