@@ -10,7 +10,7 @@ pytestmark = pytest.mark.slow
 # from its GDN and KV state while the other requests decode in the same steps.
 LENGTHS = [1, 2, 3, 7, 16, 31, 64, 129, 257, 300]
 NEW_TOKENS = 6
-FP32_TOLERANCE = 1e-3  # measured: ~1e-6
+FP32_TOLERANCE = 1e-3  # measured: 1.3e-5
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +30,13 @@ def run(tmp_path_factory):
 
 def test_fp32_logprobs_and_greedy_tokens_equal_the_transformers_model(run):
     model, batched, _ = run
+    worst = 0.0
     for served in batched:
         result = agreement(served, reference_logprobs(model, served.prompt + served.generated, model.dtype))
         assert result.max < FP32_TOLERANCE, (len(served.prompt), result)
         assert max(result.greedy_gaps) < FP32_TOLERANCE, (len(served.prompt), result.greedy_gaps)
+        worst = max(worst, result.max)
+    print(f"fp32 qk_head: max |Δlogprob| {worst:.2e}")
 
 
 def test_a_batch_of_mixed_lengths_equals_each_prompt_alone(run):

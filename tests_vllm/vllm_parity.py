@@ -159,3 +159,29 @@ def load_failures(paths: list) -> list[str]:
     lines = [line for line in result.stdout.splitlines() if line.startswith(("REFUSED", "STARTED"))]
     assert len(lines) == len(paths), result.stdout[-2000:] + result.stderr[-4000:]
     return lines
+
+
+def check_within_bf16_noise(model: ZebraForCausalLM, served_list: list[Served], multiple: float = 3.0) -> str:
+    """vLLM-bf16's |Δ log-prob| against the fp32 model stays within ``multiple`` × transformers-bf16's own
+    (mean and max over all tokens of all prompts); each greedy token is the argmax or a near-tie."""
+    vllm_errors, floor_errors, gaps = [], [], []
+    for served in served_list:
+        tokens = served.prompt + served.generated
+        exact = reference_logprobs(model, tokens, torch.float32)
+        result = agreement(served, exact)
+        vllm_errors.append((result.mean, result.max))
+        floor_errors.append(errors_between(exact, reference_logprobs(model, tokens, torch.bfloat16), tokens))
+        gaps += result.greedy_gaps
+    vllm_mean = sum(m for m, _ in vllm_errors) / len(vllm_errors)
+    floor_mean = sum(m for m, _ in floor_errors) / len(floor_errors)
+    vllm_max, floor_max = max(m for _, m in vllm_errors), max(m for _, m in floor_errors)
+    summary = (
+        f"bf16 |Δlogprob| vs fp32: vLLM mean {vllm_mean:.4f} max {vllm_max:.4f}; "
+        f"transformers bf16 mean {floor_mean:.4f} max {floor_max:.4f}; largest greedy gap {max(gaps):.4f}"
+    )
+    assert floor_mean > 0, summary
+    assert vllm_mean <= multiple * floor_mean, summary
+    assert vllm_max <= multiple * floor_max, summary
+    # A near-tie: the reference's argmax beats vLLM's token by no more than bf16's own noise.
+    assert max(gaps) <= 2 * floor_max, summary
+    return summary
