@@ -35,3 +35,11 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # that waits on imports, subprocesses and disk much of the time. Whole files go to one worker, so a
 # module's fixtures (the trained distillation teacher, the converted models) are built once.
 python -m pytest -q -n "${ZEBRA_TEST_WORKERS:-2}" --dist loadfile "${marks[@]}" "$@"
+
+# vLLM serving (tests_vllm/, every test an engine start, so not in --fast): its own venv, since vLLM 0.32
+# needs transformers>=5.16.1 and LLaMA-Factory 0.9.5 pins <=5.6. scripts/vllm_env.sh returns at once
+# when the venv is current.
+if [ ${#marks[@]} -eq 0 ]; then
+  bash scripts/vllm_env.sh
+  .venv-vllm/bin/python -m pytest tests_vllm -q -p no:cacheprovider
+fi
