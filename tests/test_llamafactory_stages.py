@@ -33,10 +33,12 @@ STAGE_ARGS = {
 LORA = {"finetuning_type": "lora", "lora_target": "all", "lora_rank": 4}
 
 
-def _train(tiny_dir, tmp_path, name, **args):
+def _train(tiny_model_dir_seed3, tmp_path, name, **args):
     out = tmp_path / name
     log = run_cli(
-        "train", {**STAGE_ARGS, "model_name_or_path": str(tiny_dir), "output_dir": str(out), **args}, tmp_path
+        "train",
+        {**STAGE_ARGS, "model_name_or_path": str(tiny_model_dir_seed3), "output_dir": str(out), **args},
+        tmp_path,
     )
     assert "llamafactory-zebra 0.1.0 active" in log
     losses = logged_losses(out)
@@ -45,9 +47,9 @@ def _train(tiny_dir, tmp_path, name, **args):
     return out, log
 
 
-def test_pretraining_on_packed_plain_text(tiny_dir, tmp_path):
+def test_pretraining_on_packed_plain_text(tiny_model_dir_seed3, tmp_path):
     out, log = _train(
-        tiny_dir,
+        tiny_model_dir_seed3,
         tmp_path,
         "pt",
         stage="pt",
@@ -100,15 +102,17 @@ def _reward_scores(model_dir, adapter_dir=None):
 
 
 @pytest.mark.parametrize("method", ["full", "lora"])
-def test_reward_model_trains_saves_reloads_and_scores(method, tiny_dir, tmp_path):
+def test_reward_model_trains_saves_reloads_and_scores(method, tiny_model_dir_seed3, tmp_path):
     from safetensors.torch import load_file
 
     extra = LORA if method == "lora" else {"finetuning_type": "full"}
-    out, _ = _train(tiny_dir, tmp_path, f"rm-{method}", stage="rm", dataset="alpaca_preference", **extra)
+    out, _ = _train(tiny_model_dir_seed3, tmp_path, f"rm-{method}", stage="rm", dataset="alpaca_preference", **extra)
     saved_head = load_file(out / "value_head.safetensors")
     assert set(saved_head) == {"v_head.summary.weight", "v_head.summary.bias"}
 
-    model, chosen, rejected = _reward_scores(out if method == "full" else tiny_dir, out if method == "lora" else None)
+    model, chosen, rejected = _reward_scores(
+        out if method == "full" else tiny_model_dir_seed3, out if method == "lora" else None
+    )
     reloaded_head = {f"v_head.{name}": tensor for name, tensor in model.v_head.state_dict().items()}
     for name, tensor in saved_head.items():
         torch.testing.assert_close(reloaded_head[name].float(), tensor.float())
@@ -116,19 +120,25 @@ def test_reward_model_trains_saves_reloads_and_scores(method, tiny_dir, tmp_path
     assert (chosen > rejected).all(), (chosen, rejected)  # trained on these pairs
 
 
-def test_dpo_lora(tiny_dir, tmp_path):
-    _train(tiny_dir, tmp_path, "dpo", stage="dpo", dataset="sharegpt_preference", pref_beta=0.1, **LORA)
+def test_dpo_lora(tiny_model_dir_seed3, tmp_path):
+    _train(tiny_model_dir_seed3, tmp_path, "dpo", stage="dpo", dataset="sharegpt_preference", pref_beta=0.1, **LORA)
 
 
-def test_orpo_full(tiny_dir, tmp_path):
+def test_orpo_full(tiny_model_dir_seed3, tmp_path):
     _train(
-        tiny_dir, tmp_path, "orpo", stage="dpo", pref_loss="orpo", dataset="alpaca_preference", finetuning_type="full"
+        tiny_model_dir_seed3,
+        tmp_path,
+        "orpo",
+        stage="dpo",
+        pref_loss="orpo",
+        dataset="alpaca_preference",
+        finetuning_type="full",
     )
 
 
-def test_simpo_freeze(tiny_dir, tmp_path):
+def test_simpo_freeze(tiny_model_dir_seed3, tmp_path):
     _train(
-        tiny_dir,
+        tiny_model_dir_seed3,
         tmp_path,
         "simpo",
         stage="dpo",
@@ -140,18 +150,22 @@ def test_simpo_freeze(tiny_dir, tmp_path):
     )
 
 
-def test_kto_lora(tiny_dir, tmp_path):
-    _train(tiny_dir, tmp_path, "kto", stage="kto", dataset="alpaca_kto,sharegpt_kto", pref_beta=0.1, **LORA)
+def test_kto_lora(tiny_model_dir_seed3, tmp_path):
+    _train(
+        tiny_model_dir_seed3, tmp_path, "kto", stage="kto", dataset="alpaca_kto,sharegpt_kto", pref_beta=0.1, **LORA
+    )
 
 
-def test_qlora_4bit_sft(tiny_dir, tmp_path):
+def test_qlora_4bit_sft(tiny_model_dir_seed3, tmp_path):
     pytest.importorskip("bitsandbytes")
-    out, log = _train(tiny_dir, tmp_path, "qlora", stage="sft", dataset="alpaca_sft", quantization_bit=4, **LORA)
+    out, log = _train(
+        tiny_model_dir_seed3, tmp_path, "qlora", stage="sft", dataset="alpaca_sft", quantization_bit=4, **LORA
+    )
     assert "Quantizing model to 4 bit with bitsandbytes." in log
     assert (out / "adapter_model.safetensors").exists()
 
 
-def test_an_empty_data_file_is_the_last_thing_train_prints(tiny_dir, tmp_path):
+def test_an_empty_data_file_is_the_last_thing_train_prints(tiny_model_dir_seed3, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     (data / "dataset_info.json").write_text(
@@ -160,7 +174,9 @@ def test_an_empty_data_file_is_the_last_thing_train_prints(tiny_dir, tmp_path):
     (data / "docs.json").write_text("")
     config = tmp_path / "empty.yaml"
     args = {**STAGE_ARGS, "stage": "pt", "dataset": "docs", "dataset_dir": str(data)}
-    config.write_text(yaml.safe_dump({**args, "model_name_or_path": str(tiny_dir), "output_dir": str(tmp_path / "o")}))
+    config.write_text(
+        yaml.safe_dump({**args, "model_name_or_path": str(tiny_model_dir_seed3), "output_dir": str(tmp_path / "o")})
+    )
     cli = str(Path(sys.executable).parent / "llamafactory-cli")
     result = subprocess.run([cli, "train", str(config)], capture_output=True, text=True, timeout=600)
     assert result.returncode != 0
