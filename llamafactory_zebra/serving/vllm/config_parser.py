@@ -21,7 +21,8 @@ from typing import Any
 from transformers import AutoConfig, PreTrainedConfig
 from vllm.transformers_utils.config import HFConfigParser, register_config_parser
 
-from ...configuration_zebra import RELEASED_LAYOUT, ZebraConfig, checkpoint_layout, released_directory_kwargs
+from ...configuration_zebra import ZebraConfig
+from ...released import RELEASED_LAYOUT, checkpoint_layout, released_directory_kwargs
 
 ARCHITECTURE = "ZebraForCausalLM"
 
