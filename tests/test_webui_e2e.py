@@ -205,6 +205,13 @@ def _train(page, board: LlamaBoard, screenshots: Path) -> Path:
         return page.visible_text_containing("Finished.") is not None
 
     _wait_or_show_log(page, board, finished, "training to finish", timeout=TRAINING_TIMEOUT_S)
+
+    def plotted() -> bool:
+        # A short run can end between two of the UI's monitor refreshes: its plot then comes with the last one.
+        plots.update(image.get_attribute("src") for image in page.visible("//div[@data-testid='matplotlib']//img"))
+        return bool(plots)
+
+    _wait_or_show_log(page, board, plotted, "the loss plot", timeout=30)
     assert plots, "the loss plot never appeared"
     page.screenshot(screenshots / "webui-5-trained.png", page.visible("//div[@data-testid='matplotlib']")[0])
     return board.workdir / "saves" / MODEL_NAME / "lora" / output_name
