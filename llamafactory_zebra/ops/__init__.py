@@ -11,6 +11,7 @@ from .gated_delta_rule import (
     chunk_gated_delta_rule,
     chunk_gated_delta_rule_torch,
     fused_recurrent_gated_delta_rule,
+    fused_recurrent_gated_delta_rule_in_slots,
     fused_recurrent_gated_delta_rule_torch,
     naive_recurrent_gated_delta_rule,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "chunk_gated_delta_rule",
     "chunk_gated_delta_rule_torch",
     "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule_in_slots",
     "fused_recurrent_gated_delta_rule_torch",
     "naive_recurrent_gated_delta_rule",
 ]

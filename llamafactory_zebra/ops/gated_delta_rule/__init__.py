@@ -3,12 +3,14 @@
 from .chunk import chunk_gated_delta_rule_torch
 from .dispatch import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from .fused_recurrent import fused_recurrent_gated_delta_rule_torch
+from .in_slots import fused_recurrent_gated_delta_rule_in_slots
 from .naive import naive_recurrent_gated_delta_rule
 
 __all__ = [
     "chunk_gated_delta_rule",
     "chunk_gated_delta_rule_torch",
     "fused_recurrent_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule_in_slots",
     "fused_recurrent_gated_delta_rule_torch",
     "naive_recurrent_gated_delta_rule",
 ]

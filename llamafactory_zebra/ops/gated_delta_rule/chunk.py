@@ -65,25 +65,29 @@ class _ChunkGatedDeltaRuleFunction(torch.autograd.Function):
             intra = qk * decay
             kd = kc * exp_tail[..., None]
 
-            state = q.new_zeros(len(plan.order), q.shape[1], k.shape[-1], v.shape[-1])
-            if initial_state is not None:
-                state.copy_(initial_state[plan.order])
+            if initial_state is None:
+                state = q.new_zeros(len(plan.order), q.shape[1], k.shape[-1], v.shape[-1])
+            else:
+                state = initial_state[plan.order]  # a gathered copy, advanced in place below
             # The state entering every chunk is kept only when a backward pass will need it (``keep``).
-            states = q.new_empty(plan.num_chunks if keep else len(plan.order), *state.shape[1:])
+            states = q.new_empty(plan.num_chunks, *state.shape[1:]) if keep else None
             products = q.new_empty(*qw.shape[:3], v.shape[-1])
             vn = products[:, :, size:]
             for first, active in plan.steps:
                 chunk = slice(first, first + active)
-                entering = states[chunk] if keep else states[:active]
-                entering.copy_(state[:active])
-                torch.bmm(qw[chunk].flatten(0, 1), entering.flatten(0, 1), out=products[chunk].flatten(0, 1))
+                current = state[:active]
+                if keep:
+                    states[chunk].copy_(current)
+                torch.bmm(qw[chunk].flatten(0, 1), current.flatten(0, 1), out=products[chunk].flatten(0, 1))
                 torch.sub(u[chunk], vn[chunk], out=vn[chunk])
-                leaving = state[:active]
-                torch.mul(entering, exp_last[chunk][..., None, None], out=leaving)
-                leaving.flatten(0, 1).baddbmm_(kd[chunk].flatten(0, 1).mT, vn[chunk].flatten(0, 1))
+                current.mul_(exp_last[chunk][..., None, None])
+                current.flatten(0, 1).baddbmm_(kd[chunk].flatten(0, 1).mT, vn[chunk].flatten(0, 1))
             o = _bmm(intra, vn).add_(products[:, :, :size])
-            final = torch.empty_like(state)
-            final[plan.order] = state
+            if plan.in_order:
+                final = state
+            else:
+                final = torch.empty_like(state)
+                final[plan.order] = state
 
         ctx.save_for_backward(
             qc, kc, vc, bc, exp_gamma, exp_last, exp_tail, decay, kk, qk, intra, inv, qw, kd, vn, states

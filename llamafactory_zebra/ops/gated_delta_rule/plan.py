@@ -25,6 +25,8 @@ class ChunkPlan:
     num_chunks: int
     order: torch.Tensor
     """``[N]``: sorted position -> sequence index (state rows are kept in this order)."""
+    in_order: bool
+    """``order`` is the identity (no sequence has more chunks than one before it): no final reordering."""
     token_index: torch.Tensor
     """``[num_chunks * C]``: flat token read into each chunk slot; ``num_tokens`` marks padding."""
     token_slot: torch.Tensor
@@ -75,6 +77,7 @@ def make_chunk_plan(starts: torch.Tensor, lengths: torch.Tensor, chunk_size: int
         num_tokens=num_tokens,
         num_chunks=len(step_of_chunk),
         order=order.to(device),
+        in_order=bool(torch.equal(order, torch.arange(len(order)))),
         token_index=token_index.to(device),
         token_slot=token_slot.to(device),
         steps=tuple(zip(first.tolist(), active.tolist(), strict=True)),

@@ -8,11 +8,13 @@ the engine allocates per-request conv and SSM state slots from the shapes of
 What it cannot supply is the compute for Zebra's shapes. vLLM's CPU GDN kernel requires key head =
 value head (Zebra: 256 vs 512), rejects head 256 and runs bf16 only; its GPU path is fla's Triton code
 (its own copy in ``vllm.third_party``), not verified here for these shapes. So :func:`zebra_gdn_core`
-runs this project's ops — ``ops.causal_conv1d`` (prefill, continued from a slot's conv window) /
-``causal_conv1d_update`` (decode) and ``ops.chunk_gated_delta_rule`` / ``fused_recurrent_gated_delta_rule``
-(which dispatch to fla's kernels on a GPU, PyTorch elsewhere) — on the states gathered from the
-request's slots, and writes the final states back to the same slots. Each request is its own segment
-(``cu_seqlens`` from the metadata), so batched requests never share a window or a state.
+runs this project's ops on the requests' state slots. Prompt chunks go through ``ops.causal_conv1d``
+(continued from a slot's conv window) and ``ops.chunk_gated_delta_rule`` on the gathered states, whose
+final states are written back; decode tokens through ``causal_conv1d_update`` and, on CPU,
+``ops.fused_recurrent_gated_delta_rule_in_slots``, which steps each SSM slot in place (a decode step is
+bound by moving the 3 MB states, so they are not copied), or on a GPU the project's dispatch to fla.
+Each request is its own segment (``cu_seqlens`` from the metadata), so batched requests never share a
+window or a state.
 
 Zebra keeps separate ``q_conv1d``/``k_conv1d``/``v_conv1d`` weights; being depthwise, they are one
 convolution over the concatenated channels, loaded into one ``conv1d`` parameter (as vLLM's OLMo
@@ -25,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from vllm import _custom_ops as vllm_ops
 from vllm.config import VllmConfig, get_current_vllm_config
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.layernorm import RMSNormGated
@@ -35,7 +38,9 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
     MambaStateShapeCalculator,
     is_conv_state_dim_first,
 )
+from vllm.model_executor.layers.mamba.ops.cpu.gdn_attention import is_arm_bf16
 from vllm.model_executor.utils import set_weight_attrs
+from vllm.platforms import current_platform
 from vllm.utils.torch_utils import direct_register_custom_op
 
 from ...configuration_zebra import ZebraConfig
@@ -44,6 +49,7 @@ from ...ops import (
     causal_conv1d_update,
     chunk_gated_delta_rule,
     fused_recurrent_gated_delta_rule,
+    fused_recurrent_gated_delta_rule_in_slots,
 )
 
 # Checkpoint names of the stacked parameters: (vLLM parameter, checkpoint module, shard).
@@ -103,6 +109,7 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         self.value_dim = self.num_heads * self.head_v_dim
         self.conv_kernel_size = config.gdn_conv_size
         self.activation = "silu"
+        self.vllm_cpu_conv = uses_vllm_cpu_conv(vllm_config.model_config.dtype, self.conv_kernel_size)
 
         self.qkvg_proj = MergedColumnParallelLinear(
             self.hidden_size, [self.key_dim, self.key_dim, self.value_dim, self.value_dim], bias=False,
@@ -140,13 +147,20 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         b, _ = self.b_proj(hidden_states)
         core = torch.zeros(num_tokens, self.num_heads, self.head_v_dim, dtype=hidden_states.dtype,
                            device=hidden_states.device)  # fmt: skip
-        torch.ops.vllm.zebra_gdn_core(mixed.contiguous(), a, b, core, self.prefix)
+        # Standard strides even for one token (``contiguous()`` keeps a 1-row view's row stride), which
+        # vLLM's C++ conv checks.
+        mixed = mixed.clone(memory_format=torch.contiguous_format)
+        torch.ops.vllm.zebra_gdn_core(mixed, a, b, core, self.prefix)
         output = self.o_norm(core, gate.reshape(num_tokens, self.num_heads, self.head_v_dim))
         output, _ = self.o_proj(output.reshape(num_tokens, self.value_dim))
         return output
 
     def recurrence(self, mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-        """Conv + gated delta rule over this step's tokens, reading and writing the requests' state slots."""
+        """Conv + gated delta rule over this step's tokens, reading and writing the requests' state slots.
+
+        vLLM orders a step's requests decodes first (one token each, always with a prior state: a
+        request's first chunk counts as a prefill), then prefills; each part gets its own path.
+        """
         metadata = get_forward_context().attn_metadata
         if metadata is None or metadata.get(self.prefix) is None:
             return  # profiling / warm-up runs carry no state metadata
@@ -154,53 +168,112 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         count = metadata.num_actual_tokens
         if count == 0:
             return
-        slots = metadata.non_spec_state_indices_tensor[: metadata.num_decodes + metadata.num_prefills].long()
-        starts = metadata.non_spec_query_start_loc[: slots.numel() + 1]
+        decodes, decode_tokens = metadata.num_decodes, metadata.num_decode_tokens
+        slots = metadata.non_spec_state_indices_tensor[: decodes + metadata.num_prefills].long()
+        beta = b[:count].sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a[:count].float() + self.dt_bias)
+        if decodes:
+            tokens = slice(0, decode_tokens)
+            self._decode(mixed[tokens], g[tokens], beta[tokens], slots[:decodes], out[tokens])
+        if metadata.num_prefills:
+            tokens = slice(decode_tokens, count)
+            starts = metadata.non_spec_query_start_loc[decodes : slots.numel() + 1] - decode_tokens
+            fresh = ~metadata.has_initial_state[decodes : slots.numel()]
+            self._prefill(mixed[tokens], g[tokens], beta[tokens], slots[decodes:], starts, fresh, out[tokens])
+
+    def _state_slots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The conv cache as ``[slots, C, W - 1]`` and the SSM cache as ``[slots, H, K, V]`` views.
+
+        vLLM allocates the SSM slot as ``[H, V, K]``; only this layer reads it, so it is viewed (not
+        transposed) as ``[H, K, V]``, as vLLM's own CPU GDN layer does: the in-place decode step runs
+        a quarter faster on a state whose rows are contiguous in V.
+        """
         conv_cache, ssm_cache = self.kv_cache
-        conv_cache = conv_cache if is_conv_state_dim_first() else conv_cache.transpose(-1, -2)  # [S, C, W-1]
-        ssm_cache = ssm_cache.transpose(-1, -2)  # [S, H, K, V]
+        conv_cache = conv_cache if is_conv_state_dim_first() else conv_cache.transpose(-1, -2)
+        slots, heads, value_dim, key_dim = ssm_cache.shape
+        return conv_cache, ssm_cache.view(slots, heads, key_dim, value_dim)
 
-        # The project's conv state carries W columns (the oldest one unread); vLLM's slot holds W - 1.
-        conv_state = F.pad(conv_cache[slots], [1, 0])
-        ssm_state = ssm_cache[slots].float()
-        if metadata.has_initial_state is not None:
-            fresh = ~metadata.has_initial_state[: slots.numel()]
-            conv_state[fresh] = 0
-            ssm_state[fresh] = 0
-
-        mixed, a, b = mixed[:count], a[:count], b[:count]
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
-        weight = self.conv1d.weight
-        decode_only = metadata.num_prefills == 0
-        if decode_only:
-            conv_out, _ = causal_conv1d_update(mixed, conv_state, weight, activation="silu")
-            final_conv = conv_state
-            batched = (conv_out[:, None], g[:, None], beta[:, None])
-            rule, cu_seqlens = fused_recurrent_gated_delta_rule, None
-        else:
-            conv_out, final_conv = causal_conv1d(
-                mixed[None], weight, activation="silu", initial_state=conv_state, output_final_state=True,
-                cu_seqlens=starts,
-            )  # fmt: skip
-            batched = (conv_out, g[None], beta[None])
-            rule, cu_seqlens = chunk_gated_delta_rule, starts
-        conv_out, g, beta = batched
+    def _split_heads(self, conv_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         q, k, v = conv_out.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        output, final_ssm = rule(
+        return (
             q.unflatten(-1, (self.num_heads, self.head_k_dim)),
             k.unflatten(-1, (self.num_heads, self.head_k_dim)),
             v.unflatten(-1, (self.num_heads, self.head_v_dim)),
-            g=g,
-            beta=beta,
-            initial_state=ssm_state,
-            output_final_state=True,
-            cu_seqlens=cu_seqlens,
-            use_qk_l2norm_in_kernel=True,
         )
-        conv_cache[slots] = final_conv[..., 1:].to(conv_cache.dtype)
+
+    def _decode(self, mixed, g, beta, slots, out) -> None:
+        """One token per request. On CPU the SSM slots are stepped in place
+        (:func:`fused_recurrent_gated_delta_rule_in_slots`); elsewhere the states are gathered for the
+        project's dispatch (fla's fused recurrent kernel on a GPU) and written back."""
+        conv_cache, ssm_cache = self._state_slots()
+        if self.vllm_cpu_conv:
+            conv_out = vllm_ops.causal_conv1d_update_cpu(
+                x=mixed, conv_states=conv_cache, weight=self.conv1d.weight, bias=None, silu_activation=True,
+                conv_state_indices=slots.to(torch.int32), is_weight_packed=False,
+            )  # fmt: skip
+        else:
+            # The project's conv state carries W columns (the oldest one unread); vLLM's slot holds W - 1.
+            conv_state = F.pad(conv_cache[slots], [1, 0])
+            conv_out, _ = causal_conv1d_update(mixed, conv_state, self.conv1d.weight, activation="silu")
+            conv_cache[slots] = conv_state[..., 1:].to(conv_cache.dtype)
+        q, k, v = self._split_heads(conv_out)
+        if ssm_cache.device.type == "cpu":
+            output = fused_recurrent_gated_delta_rule_in_slots(
+                q, k, v, g, beta, ssm_cache, slots, use_qk_l2norm_in_kernel=True
+            )
+        else:
+            output, final_ssm = fused_recurrent_gated_delta_rule(
+                q[:, None], k[:, None], v[:, None], g=g[:, None], beta=beta[:, None],
+                initial_state=ssm_cache[slots].float(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+            )  # fmt: skip
+            ssm_cache[slots] = final_ssm.to(ssm_cache.dtype)
+        out.copy_(output.reshape(out.shape))
+
+    def _prefill(self, mixed, g, beta, slots, starts, fresh, out) -> None:
+        """Whole prompt chunks, one ``cu_seqlens`` segment per request, from each slot's state (zeros for a
+        request's first chunk) through the chunked ops; final states go back to the slots."""
+        conv_cache, ssm_cache = self._state_slots()
+        if self.vllm_cpu_conv:
+            conv_out = vllm_ops.causal_conv1d_fwd_cpu(
+                x=mixed.transpose(0, 1), weight=self.conv1d.weight, bias=None, conv_states=conv_cache,
+                query_start_loc=starts.to(torch.int32), cache_indices=slots.to(torch.int32),
+                has_initial_state=~fresh, silu_activation=True, is_weight_packed=False,
+            ).transpose(0, 1)[None]  # fmt: skip
+        else:
+            conv_state = F.pad(conv_cache[slots], [1, 0])
+            conv_state[fresh] = 0
+            conv_out, final_conv = causal_conv1d(
+                mixed[None], self.conv1d.weight, activation="silu", initial_state=conv_state,
+                output_final_state=True, cu_seqlens=starts,
+            )  # fmt: skip
+            conv_cache[slots] = final_conv[..., 1:].to(conv_cache.dtype)
+        if bool(fresh.all()):
+            ssm_state = None  # every request's first chunk (the usual prefill): no slot to read
+        else:
+            ssm_state = ssm_cache[slots].float()
+            ssm_state[fresh] = 0
+        q, k, v = self._split_heads(conv_out)
+        output, final_ssm = chunk_gated_delta_rule(
+            q, k, v, g=g[None], beta=beta[None], initial_state=ssm_state, output_final_state=True,
+            cu_seqlens=starts, use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
         ssm_cache[slots] = final_ssm.to(ssm_cache.dtype)
-        out[:count] = output.reshape(count, self.num_heads, self.head_v_dim).to(out.dtype)
+        out.copy_(output.reshape(out.shape))
+
+
+def uses_vllm_cpu_conv(dtype: torch.dtype, width: int) -> bool:
+    """Whether vLLM's C++ causal conv (``vllm._custom_ops.causal_conv1d_*_cpu``, 25x this project's
+    PyTorch conv at a 4096-token prefill) can run the layer's conv: a CPU with bf16 dot products, bf16
+    activations, a 4-wide window and vLLM's default conv-state layout (``[slots, W - 1, C]`` storage,
+    which the kernel reads through a ``[slots, C, W - 1]`` view). Anything else (e.g. the fp32 parity
+    runs) takes the project's PyTorch conv."""
+    return (
+        current_platform.is_cpu()
+        and dtype == torch.bfloat16
+        and width == 4
+        and not is_conv_state_dim_first()
+        and (torch.cpu._is_avx512_bf16_supported() or is_arm_bf16())
+    )
 
 
 def zebra_gdn_core(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:
