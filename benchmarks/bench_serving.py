@@ -182,9 +182,7 @@ def subprocess_side(python: str, side: str, args: argparse.Namespace, model_dir:
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
         "HF_HUB_OFFLINE": "1",
-        # 4 GiB holds all 64 requests' caches at once (GDN state 18 MB + MLA K/V per request); in 2 GiB
-        # 39 fit and the rest wait.
-        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4"),
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
         "VLLM_NO_USAGE_STATS": "1",
     }
     command = [python, __file__, "--side", side, "--model-dir", str(model_dir), "--result", str(result)]

@@ -1,0 +1,127 @@
+"""The vLLM Zebra GDN layer's CPU pieces against what they replaced, at Zebra's GDN shapes, in one run.
+
+1. Decode step, batch N: ``ops.fused_recurrent_gated_delta_rule_in_slots`` (each fp32 SSM slot stepped in
+   place) against the gather → ``fused_recurrent_gated_delta_rule_torch`` → scatter path the layer used
+   before, on a cache of N + 16 slots with the requests in random slots.
+2. Prefill conv over 4096 tokens (16 requests of 256): vLLM's C++ ``causal_conv1d_fwd_cpu`` (bf16, on the
+   slots) against this project's PyTorch ``causal_conv1d`` (gathered states), with their largest difference.
+
+One thread (vLLM's CPU worker computes on one). Run it in the vLLM venv (``scripts/vllm_env.sh``):
+
+    OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/bench_vllm_gdn_cpu.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from llamafactory_zebra.ops import (
+    causal_conv1d,
+    fused_recurrent_gated_delta_rule_in_slots,
+    fused_recurrent_gated_delta_rule_torch,
+)
+
+HEADS, KEY, VALUE, WIDTH = 6, 256, 512, 4  # the released GDN layer: 6 heads, key 256, value 512, conv 4
+
+
+def best_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return min(times) * 1000
+
+
+def gather_step(q, k, v, g, beta, cache, slots):
+    """The earlier decode path: gather the slots, step the batch, scatter the new states back."""
+    o, final = fused_recurrent_gated_delta_rule_torch(
+        q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+        initial_state=cache[slots].float(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    cache[slots] = final
+    return o[:, 0]
+
+
+def decode_rows(batches: list[int], repeats: int) -> list[str]:
+    rows = []
+    for batch in batches:
+        generator = torch.Generator().manual_seed(batch)
+        q, k = (torch.randn(batch, HEADS, KEY, generator=generator, dtype=torch.bfloat16) for _ in range(2))
+        v = torch.randn(batch, HEADS, VALUE, generator=generator, dtype=torch.bfloat16)
+        g = -torch.rand(batch, HEADS, generator=generator)
+        beta = torch.rand(batch, HEADS, generator=generator, dtype=torch.bfloat16)
+        cache = torch.randn(batch + 16, HEADS, KEY, VALUE, generator=generator) * 0.01
+        slots = torch.randperm(batch + 16, generator=generator)[:batch]
+        inputs = (q, k, v, g, beta)
+        reference_cache, ours_cache = cache.clone(), cache.clone()
+        expected = gather_step(*inputs, reference_cache, slots)
+        actual = fused_recurrent_gated_delta_rule_in_slots(*inputs, ours_cache, slots, use_qk_l2norm_in_kernel=True)
+        error = max(
+            (expected.float() - actual.float()).abs().max().item(), (reference_cache - ours_cache).abs().max().item()
+        )
+
+        def before(inputs=inputs, cache=cache, slots=slots):
+            return gather_step(*inputs, cache, slots)
+
+        def after(inputs=inputs, cache=cache, slots=slots):
+            return fused_recurrent_gated_delta_rule_in_slots(*inputs, cache, slots, use_qk_l2norm_in_kernel=True)
+
+        old, new = best_ms(before, repeats), best_ms(after, repeats)
+        rows.append(f"| {batch} | {old:.1f} | {new:.1f} | {old / new:.1f}x | {error:.1e} |")
+    return rows
+
+
+def conv_row(repeats: int) -> str:
+    from vllm import _custom_ops as vllm_ops
+
+    requests, tokens = 16, 4096
+    channels = HEADS * (2 * KEY + VALUE)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, channels, generator=generator).bfloat16()
+    weight = (torch.randn(channels, WIDTH, generator=generator) * 0.3).bfloat16()
+    starts = torch.arange(0, tokens + 1, tokens // requests)
+    storage = torch.zeros(requests, WIDTH - 1, channels, dtype=torch.bfloat16)  # vLLM's [slots, W - 1, C]
+    slots = torch.arange(requests, dtype=torch.int32)
+    fresh = torch.zeros(requests, dtype=torch.bool)
+
+    def vllm_conv():
+        return vllm_ops.causal_conv1d_fwd_cpu(
+            x=x.transpose(0, 1), weight=weight, bias=None, conv_states=storage.transpose(1, 2),
+            query_start_loc=starts.to(torch.int32), cache_indices=slots, has_initial_state=fresh,
+            silu_activation=True, is_weight_packed=False,
+        ).transpose(0, 1)  # fmt: skip
+
+    def torch_conv():
+        state = torch.zeros(requests, channels, WIDTH, dtype=torch.bfloat16)
+        return causal_conv1d(
+            x[None], weight, activation="silu", initial_state=state, output_final_state=True, cu_seqlens=starts
+        )[0][0]
+
+    error = (vllm_conv().float() - torch_conv().float()).abs().max().item()
+    old, new = best_ms(torch_conv, repeats), best_ms(vllm_conv, repeats)
+    return f"| {tokens} tokens, {requests} requests, {channels} channels | {old:.0f} | {new:.0f} | {old / new:.1f}x | {error:.1e} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"GDN decode step, one layer ({HEADS} heads, key {KEY}, value {VALUE}, fp32 state; bf16 activations)")
+    print("| batch | gather + step + scatter ms | in place ms | speed-up | max abs difference |")
+    print("|---:|---:|---:|---:|---:|")
+    print("\n".join(decode_rows(args.batches, args.repeats)))
+    print("\nPrefill causal conv, one layer (bf16)")
+    print("| input | project PyTorch conv ms | vLLM C++ conv ms | speed-up | max abs difference |")
+    print("|---|---:|---:|---:|---:|")
+    print(conv_row(args.repeats))
+
+
+if __name__ == "__main__":
+    main()
