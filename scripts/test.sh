@@ -31,6 +31,9 @@ ruff format --check .
 # Tiny models: one intra-op thread per process is fastest, and the multi-process tests (torchrun workers
 # beside pytest) would otherwise oversubscribe the cores. Set OMP_NUM_THREADS to override.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+# A process that aborts (SIGABRT, e.g. a torchrun rank) prints its Python stacks: the test's output shows
+# where it was, not only "terminate called".
+export PYTHONFAULTHANDLER=${PYTHONFAULTHANDLER:-1}
 # Two pytest workers (ZEBRA_TEST_WORKERS=0 for one process): most tests are one single-threaded process
 # that waits on imports, subprocesses and disk much of the time. Whole files go to one worker, so a
 # module's fixtures (the trained distillation teacher, the converted models) are built once.

@@ -43,6 +43,7 @@ WATCHED_MODULES = frozenset(
         "llamafactory.webui.engine",
         "llamafactory.webui.runner",
         "llamafactory.chat.hf_engine",
+        "llamafactory.train.tuner",
     }
 )
 

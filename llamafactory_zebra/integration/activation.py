@@ -14,7 +14,7 @@ from types import ModuleType
 from llamafactory_zebra_hook import DISABLE_ENV
 
 from .. import __version__
-from . import chat_exit, datasets, launcher, seams, training, webui
+from . import chat_exit, datasets, launcher, seams, training, webui, worker_exit
 
 _announced = False
 
@@ -34,6 +34,7 @@ HANDLERS: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
     "llamafactory.webui.engine": (webui.on_engine_loaded,),
     "llamafactory.webui.runner": (webui.on_runner_loaded,),
     "llamafactory.chat.hf_engine": (chat_exit.on_hf_engine_loaded,),
+    "llamafactory.train.tuner": (worker_exit.on_tuner_loaded,),
 }
 
 

@@ -77,6 +77,7 @@ UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("llamafactory.webui.engine", "Engine.resume", ("self",)),
     ("llamafactory.webui.runner", "Runner._parse_train_args", ("self", "data")),
     ("llamafactory.chat.hf_engine", "Thread", ("group", "target", "name", "args", "kwargs")),
+    ("llamafactory.train.tuner", "run_exp", ("args", "callbacks")),
     (
         "llamafactory.train.sft.workflow",
         "CustomSeq2SeqTrainer",
