@@ -136,7 +136,9 @@ def process_tree_cpu_seconds() -> float:
     return sum(sum(p.cpu_times()[:2]) for p in tree)
 
 
-def run_vllm(model_dir: Path, prompts: list[list[dict]], output_tokens: int, dtype: str) -> dict:
+def run_vllm(
+    model_dir: Path, prompts: list[list[dict]], output_tokens: int, dtype: str, max_num_batched_tokens: int
+) -> dict:
     from vllm import LLM, SamplingParams
 
     started = time.perf_counter()
@@ -146,6 +148,7 @@ def run_vllm(model_dir: Path, prompts: list[list[dict]], output_tokens: int, dty
         max_model_len=1024,
         enforce_eager=True,
         max_num_seqs=len(prompts),
+        max_num_batched_tokens=max_num_batched_tokens,
     )
     load_s = time.perf_counter() - started
     params = SamplingParams(max_tokens=output_tokens, temperature=0.0, ignore_eos=True)
@@ -171,8 +174,10 @@ def run_side(args: argparse.Namespace) -> None:
         prompts = make_prompts(model_dir, args.num_prompts, args.prompt_tokens)
         if args.side == "hf" and args.hf_prompts:
             prompts = prompts[: args.hf_prompts]
-        runner = run_hf if args.side == "hf" else run_vllm
-        result = runner(model_dir, prompts, args.output_tokens, args.dtype)
+        if args.side == "hf":
+            result = run_hf(model_dir, prompts, args.output_tokens, args.dtype)
+        else:
+            result = run_vllm(model_dir, prompts, args.output_tokens, args.dtype, args.max_num_batched_tokens)
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -188,6 +193,7 @@ def subprocess_side(python: str, side: str, args: argparse.Namespace, model_dir:
     command = [python, __file__, "--side", side, "--model-dir", str(model_dir), "--result", str(result)]
     command += ["--num-prompts", str(args.num_prompts), "--prompt-tokens", str(args.prompt_tokens)]
     command += ["--output-tokens", str(args.output_tokens), "--dtype", args.dtype]
+    command += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     if args.hf_prompts:
         command += ["--hf-prompts", str(args.hf_prompts)]
     print(f"[{side}] {' '.join(command)}", flush=True)
@@ -209,6 +215,13 @@ def main() -> None:
         "does not depend on how many wait (default: all)",
     )
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=512,
+        help="vLLM's per-step token budget (vLLM's CPU default is 4096; on this 2-core machine the prefill of "
+        "the 64 prompts took 44 s at 4096, 32 s at 1024, 30 s at 512, 29 s at 256: smaller steps stay in cache)",
+    )
     parser.add_argument("--side", choices=["build", "hf", "vllm"], help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
