@@ -4,9 +4,7 @@ line and field with a valid row to copy; ``skip_invalid_rows`` trains without th
 import json
 
 import pytest
-from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
-from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArguments, TrainingArguments
-from transformers import HfArgumentParser
+from llamafactory_data import load_with_llamafactory
 
 from llamafactory_zebra.data.row_policy import MalformedDataError
 
@@ -31,24 +29,15 @@ def _write_lines(path, rows):
 
 def _load(tmp_path, tokenizer_dir, file_name, entry, name="mine"):
     (tmp_path / "dataset_info.json").write_text(json.dumps({name: {"file_name": file_name, **entry}}))
-    parser = HfArgumentParser([ModelArguments, DataArguments, TrainingArguments, FinetuningArguments])
-    model_args, data_args, training_args, _ = parser.parse_dict(
-        {
-            "model_name_or_path": str(tokenizer_dir),
-            "dataset": name,
-            "dataset_dir": str(tmp_path),
-            "template": "qwen3",
-            "cutoff_len": 64,
-            "output_dir": str(tmp_path / "out"),
-            "overwrite_cache": True,
-            "report_to": "none",
-        }
-    )
-    from llamafactory.model import load_tokenizer
-
-    tokenizer_module = load_tokenizer(model_args)
-    template = get_template_and_fix_tokenizer(tokenizer_module["tokenizer"], data_args)
-    return get_dataset(template, model_args, data_args, training_args, "sft", **tokenizer_module)
+    values = {
+        "model_name_or_path": str(tokenizer_dir),
+        "dataset": name,
+        "dataset_dir": str(tmp_path),
+        "template": "qwen3",
+        "cutoff_len": 64,
+        "output_dir": str(tmp_path / "out"),
+    }
+    return load_with_llamafactory(values, "sft")[0]
 
 
 def _error(tmp_path, tokenizer_dir, file_name, entry):

@@ -15,9 +15,8 @@ from pathlib import Path
 import llamafactory.data.converter as converter_module
 import llamafactory.data.loader as loader_module
 import pytest
-from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
-from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArguments, TrainingArguments
-from transformers import HfArgumentParser
+from llamafactory.hparams import ModelArguments
+from llamafactory_data import load_with_llamafactory
 
 from llamafactory_zebra.data.row_policy import EmptyDataError, MalformedDataError
 from llamafactory_zebra.data.stages import StageMismatchError
@@ -53,26 +52,16 @@ def tokenizer_module(tiny_tokenizer_dir):
     return load_tokenizer(ModelArguments(model_name_or_path=str(tiny_tokenizer_dir)))
 
 
-def _arguments(tokenizer_dir, dataset_dir, name, output_dir):
-    parser = HfArgumentParser([ModelArguments, DataArguments, TrainingArguments, FinetuningArguments])
-    return parser.parse_dict(
-        {
-            "model_name_or_path": str(tokenizer_dir),
-            "dataset": name,
-            "dataset_dir": str(dataset_dir),
-            "template": "qwen3",
-            "cutoff_len": 256,
-            "output_dir": str(output_dir),
-            "overwrite_cache": True,
-            "report_to": "none",
-        }
-    )[:3]
-
-
 def _load(tokenizer_dir, tokenizer_module, dataset_dir, name, stage, tmp_path):
-    model_args, data_args, training_args = _arguments(tokenizer_dir, dataset_dir, name, tmp_path / "out")
-    template = get_template_and_fix_tokenizer(tokenizer_module["tokenizer"], data_args)
-    return get_dataset(template, model_args, data_args, training_args, stage, **tokenizer_module)["train_dataset"]
+    values = {
+        "model_name_or_path": str(tokenizer_dir),
+        "dataset": name,
+        "dataset_dir": str(dataset_dir),
+        "template": "qwen3",
+        "cutoff_len": 256,
+        "output_dir": str(tmp_path / "out"),
+    }
+    return load_with_llamafactory(values, stage, tokenizer_module)[0]["train_dataset"]
 
 
 def _load_stock(monkeypatch, *args):
@@ -327,20 +316,14 @@ def test_a_prediction_set_needs_no_answers(tiny_tokenizer_dir, tokenizer_module,
     """``predict_with_generate`` evaluates with LLaMA-Factory's unsupervised processor: prompts only."""
     data = tmp_path / "data"
     _write_dataset(data, {"columns": {"prompt": "instruction"}}, [{"instruction": "q1"}, {"instruction": "q2"}])
-    parser = HfArgumentParser([ModelArguments, DataArguments, TrainingArguments, FinetuningArguments])
-    model_args, data_args, training_args, _ = parser.parse_dict(
-        {
-            "model_name_or_path": str(tiny_tokenizer_dir),
-            "eval_dataset": "mine",
-            "dataset_dir": str(data),
-            "template": "qwen3",
-            "output_dir": str(tmp_path / "out"),
-            "do_predict": True,
-            "predict_with_generate": True,
-            "overwrite_cache": True,
-            "report_to": "none",
-        }
-    )
-    template = get_template_and_fix_tokenizer(tokenizer_module["tokenizer"], data_args)
-    loaded = get_dataset(template, model_args, data_args, training_args, "sft", **tokenizer_module)
+    values = {
+        "model_name_or_path": str(tiny_tokenizer_dir),
+        "eval_dataset": "mine",
+        "dataset_dir": str(data),
+        "template": "qwen3",
+        "output_dir": str(tmp_path / "out"),
+        "do_predict": True,
+        "predict_with_generate": True,
+    }
+    loaded = load_with_llamafactory(values, "sft", tokenizer_module)[0]
     assert len(loaded["eval_dataset"]) == 2

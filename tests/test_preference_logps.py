@@ -15,15 +15,12 @@ import torch
 from llamafactory.data import (
     KTODataCollatorWithPadding,
     PairwiseDataCollatorWithPadding,
-    get_dataset,
-    get_template_and_fix_tokenizer,
 )
 from llamafactory.extras.constants import IGNORE_INDEX
-from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArguments, TrainingArguments
 from llamafactory.train.dpo.trainer import CustomDPOTrainer
 from llamafactory.train.kto.trainer import CustomKTOTrainer
 from llamafactory.train.trainer_utils import get_batch_logps
-from transformers import HfArgumentParser
+from llamafactory_data import load_with_llamafactory
 
 from llamafactory_zebra import ZebraForCausalLM
 
@@ -38,24 +35,16 @@ def model(tiny_model_dir):
 
 
 def _features(tiny_model_dir, tmp_path, datasets, stage):
-    from llamafactory.model import load_tokenizer
-
-    parser = HfArgumentParser([ModelArguments, DataArguments, TrainingArguments, FinetuningArguments])
-    model_args, data_args, training_args, _ = parser.parse_dict(
-        {
-            "model_name_or_path": str(tiny_model_dir),
-            "dataset": datasets,
-            "dataset_dir": str(README),
-            "template": "zebra",
-            "cutoff_len": 256,
-            "output_dir": str(tmp_path),
-            "overwrite_cache": True,
-            "report_to": "none",
-        }
-    )
-    tokenizer_module = load_tokenizer(model_args)
-    template = get_template_and_fix_tokenizer(tokenizer_module["tokenizer"], data_args)
-    dataset = get_dataset(template, model_args, data_args, training_args, stage, **tokenizer_module)["train_dataset"]
+    values = {
+        "model_name_or_path": str(tiny_model_dir),
+        "dataset": datasets,
+        "dataset_dir": str(README),
+        "template": "zebra",
+        "cutoff_len": 256,
+        "output_dir": str(tmp_path),
+    }
+    dataset_module, template, tokenizer_module = load_with_llamafactory(values, stage)
+    dataset = dataset_module["train_dataset"]
     return [dataset[i] for i in range(len(dataset))], template, tokenizer_module
 
 
