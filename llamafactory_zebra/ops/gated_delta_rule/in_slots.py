@@ -4,8 +4,8 @@ tensor (a serving engine's state cache), advanced where they lie.
 Why this exists: :func:`fused_recurrent_gated_delta_rule_torch` takes the states as a batch and returns
 new ones, so a caller holding them in cache slots gathers, steps and scatters back; for Zebra's GDN
 state (6 heads x 256 x 512 in fp32, 3 MB a sequence) that is several full copies of every state per
-token, each a fresh allocation, and on a CPU decode step at batch 64 it cost 16x this op
-(``docs/benchmarks.md``, serving). vLLM's own CPU kernel for this step refuses Zebra's head sizes, and
+token, each a fresh allocation, and on a CPU decode step at batch 64 it cost 32x this op
+(``benchmarks/bench_vllm_gdn_cpu.py``, ``docs/benchmarks.md``, serving). vLLM's own CPU kernel for this step refuses Zebra's head sizes, and
 its GPU kernel (fla's fused recurrent op with state indices) needs a GPU. Here each sequence's state is
 read once for the two products the step needs and updated once in place, one sequence at a time, so
 that the state is still in cache for the second pass.

@@ -262,8 +262,8 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
 
 
 def uses_vllm_cpu_conv(dtype: torch.dtype, width: int) -> bool:
-    """Whether vLLM's C++ causal conv (``vllm._custom_ops.causal_conv1d_*_cpu``, 25x this project's
-    PyTorch conv at a 4096-token prefill) can run the layer's conv: a CPU with bf16 dot products, bf16
+    """Whether vLLM's C++ causal conv (``vllm._custom_ops.causal_conv1d_*_cpu``, 24x this project's
+    PyTorch conv at a 4096-token prefill, ``benchmarks/bench_vllm_gdn_cpu.py``) can run the layer's conv: a CPU with bf16 dot products, bf16
     activations, a 4-wide window and vLLM's default conv-state layout (``[slots, W - 1, C]`` storage,
     which the kernel reads through a ``[slots, C, W - 1]`` view). Anything else (e.g. the fp32 parity
     runs) takes the project's PyTorch conv."""
