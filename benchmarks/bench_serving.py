@@ -11,8 +11,9 @@ latent 256, q rank 1344, 16/8 heads; GDN 6 heads, key 256, value 512) and a smal
 vocabulary (the offline test tokenizer's). Prompts: one user turn each, rendered by the ``zebra``
 template with ``enable_thinking: false`` (both engines render the checkpoint's Qwen3 chat template), of
 exactly ``--prompt-tokens`` tokens. vLLM ignores EOS so that each request emits ``--output-tokens``; the
-HF engine stops at EOS, so the table counts the tokens each side actually produced. Model load and engine
-start-up are timed separately, not in tokens/s. Both sides compute on one thread (OMP_NUM_THREADS=1 for
+HF engine stops at EOS, so the table counts the tokens each side actually produced. vLLM runs with its
+defaults otherwise, torch.compile included (``--enforce-eager`` turns it off). Model load and engine start-up
+(compilation too) are timed separately, not in tokens/s. Both sides compute on one thread (OMP_NUM_THREADS=1 for
 the HF engine; vLLM's CPU worker binds one core and reserves the other); the CPU seconds of each side
 (vLLM: its engine and worker processes) give a rate that holds up when other work shares the cores.
 
@@ -137,7 +138,12 @@ def process_tree_cpu_seconds() -> float:
 
 
 def run_vllm(
-    model_dir: Path, prompts: list[list[dict]], output_tokens: int, dtype: str, max_num_batched_tokens: int
+    model_dir: Path,
+    prompts: list[list[dict]],
+    output_tokens: int,
+    dtype: str,
+    max_num_batched_tokens: int,
+    enforce_eager: bool,
 ) -> dict:
     from vllm import LLM, SamplingParams
 
@@ -146,7 +152,7 @@ def run_vllm(
         str(model_dir),
         dtype=dtype,
         max_model_len=1024,
-        enforce_eager=True,
+        enforce_eager=enforce_eager,
         max_num_seqs=len(prompts),
         max_num_batched_tokens=max_num_batched_tokens,
     )
@@ -177,7 +183,9 @@ def run_side(args: argparse.Namespace) -> None:
         if args.side == "hf":
             result = run_hf(model_dir, prompts, args.output_tokens, args.dtype)
         else:
-            result = run_vllm(model_dir, prompts, args.output_tokens, args.dtype, args.max_num_batched_tokens)
+            result = run_vllm(
+                model_dir, prompts, args.output_tokens, args.dtype, args.max_num_batched_tokens, args.enforce_eager
+            )
     Path(args.result).write_text(json.dumps(result))
 
 
@@ -194,6 +202,8 @@ def subprocess_side(python: str, side: str, args: argparse.Namespace, model_dir:
     command += ["--num-prompts", str(args.num_prompts), "--prompt-tokens", str(args.prompt_tokens)]
     command += ["--output-tokens", str(args.output_tokens), "--dtype", args.dtype]
     command += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    if args.enforce_eager:
+        command.append("--enforce-eager")
     if args.hf_prompts:
         command += ["--hf-prompts", str(args.hf_prompts)]
     print(f"[{side}] {' '.join(command)}", flush=True)
@@ -221,6 +231,12 @@ def main() -> None:
         default=512,
         help="vLLM's per-step token budget (vLLM's CPU default is 4096; on this 2-core machine the prefill of "
         "the 64 prompts took 44 s at 4096, 32 s at 1024, 30 s at 512, 29 s at 256: smaller steps stay in cache)",
+    )
+    parser.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run vLLM without torch.compile (vLLM's default compiles: about 40 s more start-up here, counted in "
+        "load s, and fused elementwise ops in every step)",
     )
     parser.add_argument("--side", choices=["build", "hf", "vllm"], help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)

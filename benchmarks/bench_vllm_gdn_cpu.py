@@ -5,6 +5,10 @@
    before, on a cache of N + 16 slots with the requests in random slots.
 2. Prefill conv over 4096 tokens (16 requests of 256): vLLM's C++ ``causal_conv1d_fwd_cpu`` (bf16, on the
    slots) against this project's PyTorch ``causal_conv1d`` (gathered states), with their largest difference.
+3. Prefill chunked GDN over 512 tokens (one 512-token vLLM step: 2 requests of 256), bf16 inputs:
+   ``chunk_gated_delta_rule_torch`` with bf16 GEMM operands (``matmul_dtype``, what the layer runs for
+   bf16 serving on CPUs with bf16 dot products) against the exact fp32 path, each with its mean and
+   largest difference from the fp64 run on the same (bf16-rounded) inputs.
 
 One thread (vLLM's CPU worker computes on one). Run it in the vLLM venv (``scripts/vllm_env.sh``):
 
@@ -20,6 +24,7 @@ import torch
 
 from llamafactory_zebra.ops import (
     causal_conv1d,
+    chunk_gated_delta_rule_torch,
     fused_recurrent_gated_delta_rule_in_slots,
     fused_recurrent_gated_delta_rule_torch,
 )
@@ -107,6 +112,30 @@ def conv_row(repeats: int) -> str:
     return f"| {tokens} tokens, {requests} requests, {channels} channels | {old:.0f} | {new:.0f} | {old / new:.1f}x | {error:.1e} |"
 
 
+def chunk_row(repeats: int) -> str:
+    requests, tokens = 2, 512
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, tokens, HEADS, KEY, generator=generator).bfloat16() for _ in range(2))
+    v = torch.randn(1, tokens, HEADS, VALUE, generator=generator).bfloat16()
+    g = -torch.rand(1, tokens, HEADS, generator=generator) * 0.1
+    beta = torch.rand(1, tokens, HEADS, generator=generator).bfloat16()
+    starts = torch.arange(0, tokens + 1, tokens // requests)
+
+    def run(matmul_dtype=None, inputs=(q, k, v, g, beta)):
+        return chunk_gated_delta_rule_torch(
+            *inputs, output_final_state=True, cu_seqlens=starts, use_qk_l2norm_in_kernel=True,
+            matmul_dtype=matmul_dtype,
+        )[0]  # fmt: skip
+
+    exact = run(inputs=tuple(t.double() for t in (q, k, v, g, beta)))
+    errors = []
+    for matmul_dtype in (None, torch.bfloat16):
+        difference = (run(matmul_dtype).double() - exact).abs()
+        errors.append(f"{difference.mean().item():.1e} / {difference.max().item():.1e}")
+    old, new = best_ms(run, repeats), best_ms(lambda: run(torch.bfloat16), repeats)
+    return f"| {tokens} tokens, {requests} requests | {old:.1f} | {new:.1f} | {old / new:.1f}x | {errors[0]} | {errors[1]} |"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
@@ -121,6 +150,13 @@ def main() -> None:
     print("| input | project PyTorch conv ms | vLLM C++ conv ms | speed-up | max abs difference |")
     print("|---|---:|---:|---:|---:|")
     print(conv_row(args.repeats))
+    print("\nPrefill chunked gated delta rule, one layer (bf16 inputs, fp32 state)")
+    print(
+        "| input | fp32 GEMMs ms | bf16 GEMM operands ms | speed-up | fp32 GEMMs: mean / max abs error "
+        "| bf16 GEMM operands: mean / max abs error |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    print(chunk_row(args.repeats))
 
 
 if __name__ == "__main__":

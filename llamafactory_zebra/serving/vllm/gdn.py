@@ -9,8 +9,9 @@ What it cannot supply is the compute for Zebra's shapes. vLLM's CPU GDN kernel r
 value head (Zebra: 256 vs 512), rejects head 256 and runs bf16 only; its GPU path is fla's Triton code
 (its own copy in ``vllm.third_party``), not verified here for these shapes. So :func:`zebra_gdn_core`
 runs this project's ops on the requests' state slots. Prompt chunks go through ``ops.causal_conv1d``
-(continued from a slot's conv window) and ``ops.chunk_gated_delta_rule`` on the gathered states, whose
-final states are written back; decode tokens through ``causal_conv1d_update`` and, on CPU,
+(continued from a slot's conv window) and ``ops.chunk_gated_delta_rule`` on the gathered states (bf16
+GEMM operands for bf16 serving on CPUs with bf16 dot products: ``prefill_chunk_op``), whose final states
+are written back; decode tokens through ``causal_conv1d_update`` and, on CPU,
 ``ops.fused_recurrent_gated_delta_rule_in_slots``, which steps each SSM slot in place (a decode step is
 bound by moving the 3 MB states, so they are not copied), or on a GPU the project's dispatch to fla.
 Each request is its own segment (``cu_seqlens`` from the metadata), so batched requests never share a
@@ -23,6 +24,9 @@ the transformers model carries it in fp32 whatever the activations' dtype.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +52,7 @@ from ...ops import (
     causal_conv1d,
     causal_conv1d_update,
     chunk_gated_delta_rule,
+    chunk_gated_delta_rule_torch,
     fused_recurrent_gated_delta_rule,
     fused_recurrent_gated_delta_rule_in_slots,
 )
@@ -110,6 +115,7 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         self.conv_kernel_size = config.gdn_conv_size
         self.activation = "silu"
         self.vllm_cpu_conv = uses_vllm_cpu_conv(vllm_config.model_config.dtype, self.conv_kernel_size)
+        self.chunk_op = prefill_chunk_op(vllm_config.model_config.dtype)
 
         self.qkvg_proj = MergedColumnParallelLinear(
             self.hidden_size, [self.key_dim, self.key_dim, self.value_dim, self.value_dim], bias=False,
@@ -253,12 +259,26 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
             ssm_state = ssm_cache[slots].float()
             ssm_state[fresh] = 0
         q, k, v = self._split_heads(conv_out)
-        output, final_ssm = chunk_gated_delta_rule(
+        output, final_ssm = self.chunk_op(
             q, k, v, g=g[None], beta=beta[None], initial_state=ssm_state, output_final_state=True,
             cu_seqlens=starts, use_qk_l2norm_in_kernel=True,
         )  # fmt: skip
         ssm_cache[slots] = final_ssm.to(ssm_cache.dtype)
         out.copy_(output.reshape(out.shape))
+
+
+def cpu_has_bf16_dot_products() -> bool:
+    return current_platform.is_cpu() and (torch.cpu._is_avx512_bf16_supported() or is_arm_bf16())
+
+
+def prefill_chunk_op(dtype: torch.dtype) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
+    """The chunked GDN op for prompt chunks. bf16 serving on a CPU with bf16 dot products runs its large
+    GEMMs on bf16 operands (``matmul_dtype``, as fla's kernels do on a GPU): the prefill's GDN cores
+    take 1.9x less time (``benchmarks/bench_vllm_gdn_cpu.py``). Elsewhere: the dispatch (fla on a GPU, the
+    exact fp32 PyTorch path on other CPUs and for fp32 serving)."""
+    if dtype == torch.bfloat16 and cpu_has_bf16_dot_products():
+        return functools.partial(chunk_gated_delta_rule_torch, matmul_dtype=torch.bfloat16)
+    return chunk_gated_delta_rule
 
 
 def uses_vllm_cpu_conv(dtype: torch.dtype, width: int) -> bool:
@@ -267,13 +287,7 @@ def uses_vllm_cpu_conv(dtype: torch.dtype, width: int) -> bool:
     activations, a 4-wide window and vLLM's default conv-state layout (``[slots, W - 1, C]`` storage,
     which the kernel reads through a ``[slots, C, W - 1]`` view). Anything else (e.g. the fp32 parity
     runs) takes the project's PyTorch conv."""
-    return (
-        current_platform.is_cpu()
-        and dtype == torch.bfloat16
-        and width == 4
-        and not is_conv_state_dim_first()
-        and (torch.cpu._is_avx512_bf16_supported() or is_arm_bf16())
-    )
+    return dtype == torch.bfloat16 and width == 4 and not is_conv_state_dim_first() and cpu_has_bf16_dot_products()
 
 
 def zebra_gdn_core(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:
