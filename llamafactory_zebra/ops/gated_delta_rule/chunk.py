@@ -20,7 +20,7 @@ state S0 entering the chunk, q already scaled)::
     S1 = exp(gamma_C) S0 + (diag(exp(gamma_C - gamma)) K)^T Vn
 
 Only non-positive exponents appear, so nothing overflows for g <= 0. All maths runs in fp32 (fp64
-for fp64 inputs). When gradients are needed, the state entering every chunk is kept for the backward
+for fp64 inputs), unless an inference caller asks for bf16 GEMM operands (``matmul_dtype``). When gradients are needed, the state entering every chunk is kept for the backward
 pass (N_chunks x H x K x V floats, 400 MB for the Zebra layer at T = 8k).
 """
 
@@ -206,8 +206,8 @@ def chunk_gated_delta_rule_torch(
     state-sized operands (W S, Q S, the state update, U, the in-chunk output) take bf16 operands, as fla's
     Triton kernels feed their dot products, while the state, the Gram matrices and the triangular solve
     stay fp32. CPU GEMMs have no bf16-in/fp32-out form, so each product is also rounded to bf16 once
-    (fla keeps the fp32 accumulator of the state update). It runs those GEMMs 2.3x faster on a CPU with
-    bf16 dot products; the default (``None``) is the exact fp32 path, the only one with a backward.
+    (fla keeps the fp32 accumulator of the state update). On a CPU with bf16 dot products a bf16 ``bmm``
+    runs 2.3x fp32's rate and the op 1.4x faster (512 tokens, Zebra's GDN shapes); the default (``None``) is the exact fp32 path, the only one with a backward.
     """
     check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     batch, seq_len, heads, key_dim = q.shape
