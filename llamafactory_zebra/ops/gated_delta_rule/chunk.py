@@ -20,8 +20,9 @@ state S0 entering the chunk, q already scaled)::
     S1 = exp(gamma_C) S0 + (diag(exp(gamma_C - gamma)) K)^T Vn
 
 Only non-positive exponents appear, so nothing overflows for g <= 0. All maths runs in fp32 (fp64
-for fp64 inputs), unless an inference caller asks for bf16 GEMM operands (``matmul_dtype``). When gradients are needed, the state entering every chunk is kept for the backward
-pass (N_chunks x H x K x V floats, 400 MB for the Zebra layer at T = 8k).
+for fp64 inputs), unless an inference caller asks for bf16 GEMM operands (``matmul_dtype``). When
+gradients are needed, the state entering every chunk is kept for the backward pass (N_chunks x H x K x V
+floats, 400 MB for the Zebra layer at T = 8k).
 """
 
 from __future__ import annotations
