@@ -235,7 +235,7 @@ def main() -> None:
     parser.add_argument(
         "--enforce-eager",
         action="store_true",
-        help="run vLLM without torch.compile (vLLM's default compiles: about 40 s more start-up here, counted in "
+        help="run vLLM without torch.compile (vLLM's default compiles: about 30 s more start-up here, counted in "
         "load s, and fused elementwise ops in every step)",
     )
     parser.add_argument("--side", choices=["build", "hf", "vllm"], help=argparse.SUPPRESS)

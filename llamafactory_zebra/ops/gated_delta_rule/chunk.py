@@ -208,7 +208,8 @@ def chunk_gated_delta_rule_torch(
     Triton kernels feed their dot products, while the state, the Gram matrices and the triangular solve
     stay fp32. CPU GEMMs have no bf16-in/fp32-out form, so each product is also rounded to bf16 once
     (fla keeps the fp32 accumulator of the state update). On a CPU with bf16 dot products a bf16 ``bmm``
-    runs 2.3x fp32's rate and the op 1.4x faster (512 tokens, Zebra's GDN shapes); the default (``None``) is the exact fp32 path, the only one with a backward.
+    runs 2.3x fp32's rate and the op 1.4x faster (512 tokens, Zebra's GDN shapes). The default (``None``)
+    is the exact fp32 path, the only one with a backward.
     """
     check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     batch, seq_len, heads, key_dim = q.shape

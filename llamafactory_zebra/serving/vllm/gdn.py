@@ -268,6 +268,7 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
 
 
 def cpu_has_bf16_dot_products() -> bool:
+    """A CPU whose bf16 GEMMs run faster than fp32 ones (AVX-512-BF16, or Arm's bf16 extension)."""
     return current_platform.is_cpu() and (torch.cpu._is_avx512_bf16_supported() or is_arm_bf16())
 
 
