@@ -9,6 +9,10 @@
    ``chunk_gated_delta_rule_torch`` with bf16 GEMM operands (``matmul_dtype``, what the layer runs for
    bf16 serving on CPUs with bf16 dot products) against the exact fp32 path, each with its mean and
    largest difference from the fp64 run on the same (bf16-rounded) inputs.
+4. Prefill on state slots, 512 tokens (2 requests of 256, both continuing a state), bf16 inputs:
+   ``ops.chunk_gated_delta_rule_in_slots`` (the op the layer calls since the GDN math moved to ``ops/``)
+   against the layer's former inline code (gather the slots, zero the fresh ones, the chunked op with
+   bf16 GEMM operands, scatter the final states), with their largest difference: the move's cost.
 
 One thread (vLLM's CPU worker computes on one). Run it in the vLLM venv (``scripts/vllm_env.sh``):
 
@@ -24,7 +28,9 @@ import torch
 
 from llamafactory_zebra.ops import (
     causal_conv1d,
+    chunk_gated_delta_rule_in_slots,
     chunk_gated_delta_rule_torch,
+    cpu_has_bf16_dot_products,
     fused_recurrent_gated_delta_rule_in_slots,
     fused_recurrent_gated_delta_rule_torch,
 )
@@ -136,6 +142,45 @@ def chunk_row(repeats: int) -> str:
     return f"| {tokens} tokens, {requests} requests | {old:.1f} | {new:.1f} | {old / new:.1f}x | {errors[0]} | {errors[1]} |"
 
 
+def slots_row(repeats: int) -> str:
+    requests, tokens = 2, 512
+    generator = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, tokens, HEADS, KEY, generator=generator).bfloat16() for _ in range(2))
+    v = torch.randn(1, tokens, HEADS, VALUE, generator=generator).bfloat16()
+    g = -torch.rand(1, tokens, HEADS, generator=generator) * 0.1
+    beta = torch.rand(1, tokens, HEADS, generator=generator).bfloat16()
+    starts = torch.arange(0, tokens + 1, tokens // requests)
+    storage = torch.randn(requests + 6, HEADS, VALUE, KEY, generator=generator) * 0.01  # vLLM's [slots, H, V, K]
+    slots = torch.tensor([5, 2])
+    fresh = torch.zeros(requests, dtype=torch.bool)
+    matmul_dtype = torch.bfloat16 if cpu_has_bf16_dot_products() else None
+
+    def inline(cache):
+        """The layer's ``_prefill`` before the move (its SSM part)."""
+        ssm_state = cache[slots].float()
+        ssm_state[fresh] = 0
+        output, final = chunk_gated_delta_rule_torch(
+            q, k, v, g=g, beta=beta, initial_state=ssm_state, output_final_state=True, cu_seqlens=starts,
+            use_qk_l2norm_in_kernel=True, matmul_dtype=matmul_dtype,
+        )  # fmt: skip
+        cache[slots] = final.to(cache.dtype)
+        return output
+
+    def op(cache):
+        return chunk_gated_delta_rule_in_slots(
+            q, k, v, g, beta, cache, slots, starts, ~fresh, use_qk_l2norm_in_kernel=True
+        )
+
+    caches = [storage.clone().transpose(-1, -2) for _ in range(2)]
+    error = max(
+        (inline(caches[0]).float() - op(caches[1]).float()).abs().max().item(),
+        (caches[0] - caches[1]).abs().max().item(),
+    )
+    old = best_ms(lambda: inline(storage.clone().transpose(-1, -2)), repeats)
+    new = best_ms(lambda: op(storage.clone().transpose(-1, -2)), repeats)
+    return f"| {tokens} tokens, {requests} requests | {old:.1f} | {new:.1f} | {old / new:.2f}x | {error:.1e} |"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
@@ -157,6 +202,10 @@ def main() -> None:
     )
     print("|---|---:|---:|---:|---:|---:|")
     print(chunk_row(args.repeats))
+    print("\nPrefill on state slots, one layer (bf16 inputs, fp32 state; both include one copy of the cache)")
+    print("| input | former inline code ms | chunk_gated_delta_rule_in_slots ms | ratio | max abs difference |")
+    print("|---|---:|---:|---:|---:|")
+    print(slots_row(args.repeats))
 
 
 if __name__ == "__main__":

@@ -6,9 +6,10 @@ import pytest
 import torch
 from zebra_helpers import tiny_config
 
-from llamafactory_zebra.layers.mla import ZebraMLA, yarn_softmax_mscale
+from llamafactory_zebra.layers.mla import ZebraMLA
 from llamafactory_zebra.modeling_zebra import ZebraRotaryEmbedding
 from llamafactory_zebra.packing import block_causal_mask
+from llamafactory_zebra.rope import yarn_softmax_mscale
 
 VARIANTS = [(interleave, norm) for interleave in (True, False) for norm in ("qk_head", "lora", "none")]
 

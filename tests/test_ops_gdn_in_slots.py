@@ -1,10 +1,18 @@
-"""The in-place decode step on slots of a state cache, against the fp64 token-by-token reference."""
+"""The slot-indexed ops (decode step, prompt chunks, conv windows) against fp64 references."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from llamafactory_zebra.ops import fused_recurrent_gated_delta_rule_in_slots, naive_recurrent_gated_delta_rule
+from llamafactory_zebra.ops import (
+    causal_conv1d_in_slots,
+    causal_conv1d_update_in_slots,
+    chunk_gated_delta_rule_in_slots,
+    chunk_gated_delta_rule_torch,
+    fused_recurrent_gated_delta_rule_in_slots,
+    naive_recurrent_gated_delta_rule,
+)
+from llamafactory_zebra.ops.gated_delta_rule import in_slots
 
 
 def step_inputs(seqs, heads, key_dim, value_dim, seed=0):
@@ -96,3 +104,129 @@ def test_bad_arguments_are_named():
         fused_recurrent_gated_delta_rule_in_slots(q, k, v, g, beta, cache.transpose(-1, -2), torch.tensor([0, 1]))
     with pytest.raises(ValueError, match=r"beta must have shape \[N, H\]"):
         fused_recurrent_gated_delta_rule_in_slots(q, k, v, g, beta[:1], cache, torch.tensor([0, 1]))
+
+
+# Prompt chunks on slots: ``chunk_gated_delta_rule_in_slots``.
+
+
+def packed_inputs(lengths, heads, key_dim, value_dim, dtype=torch.float64, seed=3):
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    q = torch.randn(1, total, heads, key_dim, generator=gen, dtype=torch.float64)
+    k = torch.randn(1, total, heads, key_dim, generator=gen, dtype=torch.float64)
+    v = torch.randn(1, total, heads, value_dim, generator=gen, dtype=torch.float64)
+    g = F.logsigmoid(torch.randn(1, total, heads, generator=gen, dtype=torch.float64) + 2.0)
+    beta = torch.rand(1, total, heads, generator=gen, dtype=torch.float64)
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    return [t.to(dtype) for t in (q, k, v, g, beta)], cu_seqlens
+
+
+@pytest.mark.parametrize("value_major", [False, True])
+def test_chunk_on_slots_runs_each_segment_from_its_slot_or_zeros(value_major):
+    """Segments of 1, 70 (two chunks) and 5 tokens: each equals the fp64 reference run alone, from its
+    slot's state or from zeros, writes its final state to its slot and leaves the other slots alone."""
+    lengths, heads, key_dim, value_dim = [1, 70, 5], 2, 8, 6
+    (q, k, v, g, beta), cu_seqlens = packed_inputs(lengths, heads, key_dim, value_dim)
+    cache = cache_of(6, heads, key_dim, value_dim, value_major, torch.float64)
+    before = cache.clone()
+    slots = torch.tensor([4, 0, 2])
+    has_initial_state = torch.tensor([True, False, True])
+
+    o = chunk_gated_delta_rule_in_slots(
+        q, k, v, g, beta, cache, slots, cu_seqlens, has_initial_state, use_qk_l2norm_in_kernel=True
+    )
+
+    for i, (start, end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist(), strict=True)):
+        start_state = before[slots[i]][None] if has_initial_state[i] else None
+        segment = [t[:, start:end] for t in (q, k, v, g, beta)]
+        expected_o, expected_state = naive_recurrent_gated_delta_rule(
+            *segment, initial_state=start_state, output_final_state=True, use_qk_l2norm_in_kernel=True
+        )
+        torch.testing.assert_close(o[:, start:end], expected_o, atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(cache[slots[i]], expected_state[0], atol=1e-10, rtol=1e-10)
+    untouched = [1, 3, 5]
+    assert torch.equal(cache[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("bf16_dot_products", [True, False])
+def test_chunk_on_slots_takes_bf16_gemm_operands_only_where_the_cpu_has_bf16_dot_products(
+    monkeypatch, bf16_dot_products
+):
+    """bf16 inputs on a CPU: the output is bit-for-bit the chunked op's with bf16 GEMM operands where the
+    CPU has bf16 dot products, and the exact fp32 path's elsewhere; fp32 inputs always take the exact path."""
+    monkeypatch.setattr(in_slots, "cpu_has_bf16_dot_products", lambda: bf16_dot_products)
+    lengths, heads, key_dim, value_dim = [3, 66], 2, 16, 8
+    for dtype in (torch.bfloat16, torch.float32):
+        inputs, cu_seqlens = packed_inputs(lengths, heads, key_dim, value_dim, dtype=dtype)
+        cache = torch.zeros(2, heads, key_dim, value_dim)
+        slots, fresh_start = torch.tensor([1, 0]), torch.tensor([False, False])
+        o = chunk_gated_delta_rule_in_slots(
+            *inputs, cache, slots, cu_seqlens, fresh_start, use_qk_l2norm_in_kernel=True
+        )
+        bf16_operands = dtype == torch.bfloat16 and bf16_dot_products
+        expected_o, expected_state = chunk_gated_delta_rule_torch(
+            *inputs, output_final_state=True, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True,
+            matmul_dtype=torch.bfloat16 if bf16_operands else None,
+        )  # fmt: skip
+        other_o, _ = chunk_gated_delta_rule_torch(
+            *inputs, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True,
+            matmul_dtype=None if bf16_operands or dtype != torch.bfloat16 else torch.bfloat16,
+        )  # fmt: skip
+        if dtype == torch.bfloat16:  # the two paths differ, so the equality below tells them apart
+            assert not torch.equal(other_o, expected_o)
+        assert torch.equal(o, expected_o)
+        assert torch.equal(cache[slots], expected_state)
+
+
+def test_chunk_on_slots_bad_arguments_are_named():
+    (q, k, v, g, beta), cu_seqlens = packed_inputs([2, 3], 2, 4, 3, dtype=torch.float32)
+    cache = torch.zeros(3, 2, 4, 3)
+    fresh = torch.tensor([False, False])
+    with pytest.raises(ValueError, match="state_indices must be distinct"):
+        chunk_gated_delta_rule_in_slots(q, k, v, g, beta, cache, torch.tensor([1, 1]), cu_seqlens, fresh)
+    with pytest.raises(ValueError, match=r"state_indices must have shape \[N\] = \[2\]"):
+        chunk_gated_delta_rule_in_slots(q, k, v, g, beta, cache, torch.tensor([1]), cu_seqlens, fresh)
+    with pytest.raises(ValueError, match="has_initial_state must be a bool tensor"):
+        chunk_gated_delta_rule_in_slots(q, k, v, g, beta, cache, torch.tensor([0, 1]), cu_seqlens, torch.ones(2))
+    with pytest.raises(ValueError, match="cu_seqlens is required"):
+        chunk_gated_delta_rule_in_slots(q, k, v, g, beta, cache, torch.tensor([0, 1]), None, fresh)
+
+
+# Conv windows on slots: ``causal_conv1d_in_slots`` / ``causal_conv1d_update_in_slots``.
+
+
+def test_conv_on_slots_continues_each_window_and_leaves_other_slots_alone():
+    """Each segment equals the conv over its slot's W - 1 inputs (zeros for a fresh one) followed by its
+    tokens; the slot then holds the segment's last W - 1 inputs (history included for short segments)."""
+    channels, width, lengths = 5, 4, [1, 2, 9]
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1, sum(lengths), channels, generator=gen, dtype=torch.float64)
+    weight = torch.randn(channels, width, generator=gen, dtype=torch.float64)
+    storage = torch.randn(5, width - 1, channels, generator=gen, dtype=torch.float64)
+    cache = storage.transpose(1, 2)  # vLLM's [slots, W - 1, C] storage, read as [slots, C, W - 1]
+    before = cache.clone()
+    slots, has_initial_state = torch.tensor([3, 0, 4]), torch.tensor([True, True, False])
+    cu_seqlens = torch.tensor([0, 1, 3, 12])
+
+    y = causal_conv1d_in_slots(x, weight, cache, slots, cu_seqlens, has_initial_state)
+
+    for i, (start, end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist(), strict=True)):
+        history = before[slots[i]].t() if has_initial_state[i] else torch.zeros(width - 1, channels, dtype=x.dtype)
+        stream = torch.cat([history, x[0, start:end]])  # [W - 1 + L, C]
+        windows = stream.unfold(0, width, 1)  # [L, C, W]
+        torch.testing.assert_close(y[0, start:end], F.silu((windows * weight).sum(-1)), atol=1e-12, rtol=1e-12)
+        torch.testing.assert_close(cache[slots[i]], stream[-(width - 1) :].t(), atol=0, rtol=0)
+    assert torch.equal(cache[[1, 2]], before[[1, 2]])
+
+    token = torch.randn(3, channels, generator=gen, dtype=torch.float64)
+    windows = torch.cat([cache[slots], token[..., None]], dim=-1)
+    y_step = causal_conv1d_update_in_slots(token, weight, cache, slots)
+    torch.testing.assert_close(y_step, F.silu((windows * weight).sum(-1)), atol=1e-12, rtol=1e-12)
+    assert torch.equal(cache[slots], windows[..., 1:])
+    assert torch.equal(cache[[1, 2]], before[[1, 2]])
+
+
+def test_conv_on_slots_names_a_cache_of_the_wrong_width():
+    x, weight = torch.randn(2, 5), torch.randn(5, 4)
+    with pytest.raises(ValueError, match=r"conv_cache must have shape \[slots, D, W - 1\]"):
+        causal_conv1d_update_in_slots(x, weight, torch.zeros(3, 5, 4), torch.tensor([0, 1]))

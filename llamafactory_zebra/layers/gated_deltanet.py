@@ -2,8 +2,9 @@
 
 Layout of fla's ``GatedDeltaNet`` defaults (use_gate, short conv of width 4 without bias, no negative
 eigenvalues): q/k/v projections each followed by a depthwise causal convolution and SiLU, per-head
-``beta = sigmoid(b_proj(x))`` and log-decay ``g = -exp(A_log) * softplus(a_proj(x) + dt_bias)``, the
-gated delta rule over L2-normalised q/k, then a gated RMSNorm (gate ``g_proj(x)``) and ``o_proj``.
+write strength ``beta`` and log-decay ``g`` from ``b_proj(x)``, ``a_proj(x)``, ``A_log`` and ``dt_bias``
+(``ops.gdn_gates`` has the formula), the gated delta rule over L2-normalised q/k, then a gated RMSNorm
+(gate ``g_proj(x)``) and ``o_proj``.
 
 The math lives in ``llamafactory_zebra.ops``; this module only wires parameters, packing borders and
 the decode cache to it, so a sequence-parallel caller can swap the op without touching the layer.
@@ -15,11 +16,16 @@ import functools
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..configuration_zebra import ZebraConfig
-from ..ops import causal_conv1d, causal_conv1d_update, chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from ..ops import (
+    causal_conv1d,
+    causal_conv1d_update,
+    chunk_gated_delta_rule,
+    fused_recurrent_gated_delta_rule,
+    gdn_gates,
+)
 from ..parallel.gdn import chunk_gated_delta_rule_sp, conv_halo_states
 from .norms import ZebraGatedRMSNorm
 
@@ -135,9 +141,8 @@ class ZebraGatedDeltaNet(nn.Module):
 
         # The gate projections may be kept in fp32 while the rest runs in fp16 (``_keep_in_fp32_modules``).
         gate_input = hidden_states.to(self.b_proj.weight.dtype)
-        beta = self.b_proj(gate_input).sigmoid().to(hidden_states.dtype)
-        decay_dtype = torch.promote_types(hidden_states.dtype, torch.float32)
-        g = -self.A_log.to(decay_dtype).exp() * F.softplus(self.a_proj(gate_input).to(decay_dtype) + self.dt_bias)
+        g, beta = gdn_gates(self.a_proj(gate_input), self.b_proj(gate_input), self.A_log, self.dt_bias)
+        beta = beta.to(hidden_states.dtype)
         if cu_seqlens is not None:
             beta = beta.reshape(1, batch * length, -1)
             g = g.reshape(1, batch * length, -1)

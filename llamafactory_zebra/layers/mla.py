@@ -52,6 +52,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..configuration_zebra import MLA_NORM_LORA, MLA_NORM_QK_HEAD, ZebraConfig
 from ..parallel.attention import ulysses_attention
+from ..rope import mla_softmax_scale
 from .flash_attention import FLASH_ATTENTION_BACKENDS, flash_attention_forward
 from .norms import ZebraRMSNorm
 
@@ -121,17 +122,6 @@ def eager_attention_forward(
     return output, weights
 
 
-def yarn_softmax_mscale(config: ZebraConfig) -> float:
-    """DeepSeek's YaRN softmax correction: ``mscale(factor, mscale_all_dim)²`` when ``mscale_all_dim`` is set."""
-    rope = config.rope_parameters
-    mscale_all_dim = rope.get("mscale_all_dim") if rope.get("rope_type") == "yarn" else None
-    if not mscale_all_dim:
-        return 1.0
-    factor = rope["factor"]
-    mscale = 1.0 if factor <= 1 else 0.1 * mscale_all_dim * torch.log(torch.tensor(float(factor))).item() + 1.0
-    return mscale * mscale
-
-
 class ZebraMLA(nn.Module):
     def __init__(self, config: ZebraConfig, layer_idx: int) -> None:
         super().__init__()
@@ -152,7 +142,7 @@ class ZebraMLA(nn.Module):
         # chunk, a decode step included, then expands all cached latents to every key/value head at once.
         self.absorbed_decode = True
         self.is_causal = True
-        self.scaling = self.qk_head_dim**-0.5 * yarn_softmax_mscale(config)
+        self.scaling = mla_softmax_scale(config)
 
         bias, eps = config.attention_bias, config.rms_norm_eps
         if config.q_lora_rank is None:

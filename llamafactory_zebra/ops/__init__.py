@@ -6,24 +6,32 @@ import ``layers/``; layers call these functions. Packed-sample borders (``cu_seq
 """
 
 from .backend import BACKEND_ENV_VAR
-from .causal_conv1d import causal_conv1d, causal_conv1d_update
+from .causal_conv1d import causal_conv1d, causal_conv1d_in_slots, causal_conv1d_update, causal_conv1d_update_in_slots
 from .gated_delta_rule import (
     chunk_gated_delta_rule,
+    chunk_gated_delta_rule_in_slots,
     chunk_gated_delta_rule_torch,
+    cpu_has_bf16_dot_products,
     fused_recurrent_gated_delta_rule,
     fused_recurrent_gated_delta_rule_in_slots,
     fused_recurrent_gated_delta_rule_torch,
+    gdn_gates,
     naive_recurrent_gated_delta_rule,
 )
 
 __all__ = [
     "BACKEND_ENV_VAR",
     "causal_conv1d",
+    "causal_conv1d_in_slots",
     "causal_conv1d_update",
+    "causal_conv1d_update_in_slots",
     "chunk_gated_delta_rule",
+    "chunk_gated_delta_rule_in_slots",
     "chunk_gated_delta_rule_torch",
+    "cpu_has_bf16_dot_products",
     "fused_recurrent_gated_delta_rule",
     "fused_recurrent_gated_delta_rule_in_slots",
     "fused_recurrent_gated_delta_rule_torch",
+    "gdn_gates",
     "naive_recurrent_gated_delta_rule",
 ]

@@ -163,3 +163,54 @@ def causal_conv1d_update(
         y = y + bias.to(dtype)
     conv_state.copy_(window)
     return _activate(y, activation).view(x.shape).to(x.dtype), conv_state
+
+
+def causal_conv1d_in_slots(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_cache: torch.Tensor,
+    state_indices: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    """:func:`causal_conv1d` over packed prompt chunks whose windows live in slots of a serving cache.
+
+    ``x``: ``[1, T, D]`` packed along T by ``cu_seqlens`` (``[N + 1]``); segment ``i`` continues from slot
+    ``conv_cache[state_indices[i]]`` (zeros where ``has_initial_state[i]`` is false) and leaves its last
+    ``W - 1`` inputs there. ``conv_cache``: ``[slots, D, W - 1]``, any strides (a serving engine keeps the
+    ``W - 1`` inputs a window reads; this module's state also keeps the oldest, unread one, so it is padded
+    for the call). Returns ``y`` ``[1, T, D]`` in x's dtype.
+    """
+    _check_conv_cache(conv_cache, x, weight)
+    state = F.pad(conv_cache[state_indices], [1, 0])
+    state[~has_initial_state] = 0
+    y, final = causal_conv1d(
+        x, weight, activation=activation, initial_state=state, output_final_state=True, cu_seqlens=cu_seqlens
+    )
+    conv_cache[state_indices] = final[..., 1:].to(conv_cache.dtype)
+    return y
+
+
+def causal_conv1d_update_in_slots(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    conv_cache: torch.Tensor,
+    state_indices: torch.Tensor,
+    activation: str | None = "silu",
+) -> torch.Tensor:
+    """:func:`causal_conv1d_update` for ``x`` ``[N, D]`` (one token of each of N sequences) whose windows
+    live in slots ``state_indices`` of ``conv_cache`` ``[slots, D, W - 1]`` (see
+    :func:`causal_conv1d_in_slots`); the slots are advanced. Returns ``y`` ``[N, D]`` in x's dtype."""
+    _check_conv_cache(conv_cache, x, weight)
+    state = F.pad(conv_cache[state_indices], [1, 0])
+    y, state = causal_conv1d_update(x, state, weight, activation=activation)
+    conv_cache[state_indices] = state[..., 1:].to(conv_cache.dtype)
+    return y
+
+
+def _check_conv_cache(conv_cache: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    expected = (x.shape[-1], weight.shape[-1] - 1)
+    if not isinstance(conv_cache, torch.Tensor) or conv_cache.ndim != 3 or tuple(conv_cache.shape[1:]) != expected:
+        got = tuple(conv_cache.shape) if isinstance(conv_cache, torch.Tensor) else type(conv_cache).__name__
+        raise ValueError(f"conv_cache must have shape [slots, D, W - 1] with D, W - 1 = {expected}, got {got}.")

@@ -3,14 +3,22 @@
 from .chunk import chunk_gated_delta_rule_torch
 from .dispatch import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from .fused_recurrent import fused_recurrent_gated_delta_rule_torch
-from .in_slots import fused_recurrent_gated_delta_rule_in_slots
+from .gates import gdn_gates
+from .in_slots import (
+    chunk_gated_delta_rule_in_slots,
+    cpu_has_bf16_dot_products,
+    fused_recurrent_gated_delta_rule_in_slots,
+)
 from .naive import naive_recurrent_gated_delta_rule
 
 __all__ = [
+    "chunk_gated_delta_rule_in_slots",
+    "cpu_has_bf16_dot_products",
     "chunk_gated_delta_rule",
     "chunk_gated_delta_rule_torch",
     "fused_recurrent_gated_delta_rule",
     "fused_recurrent_gated_delta_rule_in_slots",
     "fused_recurrent_gated_delta_rule_torch",
+    "gdn_gates",
     "naive_recurrent_gated_delta_rule",
 ]

@@ -1,14 +1,21 @@
-"""One decode step of the gated delta rule for a batch of sequences whose states live in slots of one
-tensor (a serving engine's state cache), advanced where they lie.
+"""The gated delta rule on states that live in slots of one tensor (a serving engine's state cache).
 
-Why this exists: :func:`fused_recurrent_gated_delta_rule_torch` takes the states as a batch and returns
-new ones, so a caller holding them in cache slots gathers, steps and scatters back; for Zebra's GDN
-state (6 heads x 256 x 512 in fp32, 3 MB a sequence) that is several full copies of every state per
-token, each a fresh allocation, and on a CPU decode step at batch 64 it cost 32x this op
-(``benchmarks/bench_vllm_gdn_cpu.py``, ``docs/benchmarks.md``, serving). vLLM's own CPU kernel for this step refuses Zebra's head sizes, and
-its GPU kernel (fla's fused recurrent op with state indices) needs a GPU. Here each sequence's state is
-read once for the two products the step needs and updated once in place, one sequence at a time, so
-that the state is still in cache for the second pass.
+Two ops, each choosing its implementation the way ``dispatch.py`` does (fla's kernels for GPU tensors,
+this package's PyTorch code elsewhere), so a serving layer hands over its cache and slot numbers and
+never cares where it runs:
+
+- :func:`fused_recurrent_gated_delta_rule_in_slots`: one decode token per sequence;
+- :func:`chunk_gated_delta_rule_in_slots`: whole prompt chunks, one ``cu_seqlens`` segment per sequence.
+
+fla 0.6's GDN kernels take states by batch row only (its state-index form exists for KDA, not for the
+gated delta rule), so on a GPU the indexed slots are gathered, run through fla's kernel and written
+back: the contract the package's dispatch already relies on. On a CPU the decode step advances each
+slot in place instead: gathering costs several full copies of every state per token (Zebra's GDN
+state is 6 heads x 256 x 512 in fp32, 3 MB a sequence), each a fresh allocation, and vLLM's own CPU
+kernel for this step refuses Zebra's head sizes. Each sequence's state is read once for the two
+products the step needs and updated once in place, one sequence at a time, so that the state is still
+in cache for the second pass. What that buys is measured by ``benchmarks/bench_vllm_gdn_cpu.py``
+(``docs/benchmarks.md``, serving).
 
 Per head, with ``S`` the ``[K, V]`` state, q and k already normalised and q scaled::
 
@@ -18,13 +25,23 @@ Per head, with ``S`` the ``[K, V]`` state, q and k already normalised and q scal
     o = S^T q = exp(g) r + (k . q) d
 
 which is the token step of ``naive.py`` with the products taken before the update.
+
+Prompt chunks on a CPU with bf16 dot products (AVX-512-BF16, Arm's bf16 extension) run the chunked
+op's large GEMMs on bf16 operands for bf16 inputs (``matmul_dtype``, as fla's kernels feed their dot
+products on a GPU); elsewhere the exact path. Both ops are for inference: they write the cache in place.
 """
 
 from __future__ import annotations
 
+import functools
+import platform
+
 import torch
 
-from .checks import compute_dtype, l2norm
+from ..backend import fla_ops
+from .checks import check_gdn_inputs, compute_dtype, l2norm
+from .chunk import chunk_gated_delta_rule_torch
+from .dispatch import _FLA_GDN, chunk_gated_delta_rule
 
 
 def _check_step_inputs(q, k, v, g, beta, state, state_indices) -> None:
@@ -36,13 +53,20 @@ def _check_step_inputs(q, k, v, g, beta, state, state_indices) -> None:
     for name, t in (("g", g), ("beta", beta)):
         if t.shape != q.shape[:2]:
             raise ValueError(f"{name} must have shape [N, H] = {tuple(q.shape[:2])}, got {tuple(t.shape)}.")
-    if state.ndim != 4 or tuple(state.shape[1:]) != (q.shape[1], q.shape[2], v.shape[2]):
+    _check_slots(state, state_indices, (q.shape[1], q.shape[2], v.shape[2]), q.shape[0])
+
+
+def _check_slots(state, state_indices, head_shape: tuple[int, int, int], num_seqs: int) -> None:
+    """``state`` is ``[slots, H, K, V]`` and ``state_indices`` names ``num_seqs`` distinct slots."""
+    if state.ndim != 4 or tuple(state.shape[1:]) != head_shape:
         raise ValueError(
-            f"state must have shape [slots, H, K, V] with H, K, V = {(q.shape[1], q.shape[2], v.shape[2])}, "
-            f"got {tuple(state.shape)}."
+            f"state must have shape [slots, H, K, V] with H, K, V = {head_shape}, got {tuple(state.shape)}."
         )
-    if state_indices.shape != (q.shape[0],):
-        raise ValueError(f"state_indices must have shape [N] = [{q.shape[0]}], got {tuple(state_indices.shape)}.")
+    if state_indices.shape != (num_seqs,):
+        raise ValueError(f"state_indices must have shape [N] = [{num_seqs}], got {tuple(state_indices.shape)}.")
+    slots = state_indices.tolist()
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"state_indices must be distinct (one slot per sequence), got {slots}.")
 
 
 def fused_recurrent_gated_delta_rule_in_slots(
@@ -74,9 +98,20 @@ def fused_recurrent_gated_delta_rule_in_slots(
         another dtype is converted for the step and written back in its own dtype.
     """
     _check_step_inputs(q, k, v, g, beta, state, state_indices)
-    slots = state_indices.tolist()
-    if len(set(slots)) != len(slots):
-        raise ValueError(f"state_indices must be distinct (one slot per sequence), got {slots}.")
+    fla = fla_ops(q, _FLA_GDN)
+    if fla is not None:
+        o, final = fla.fused_recurrent_gated_delta_rule(
+            q=q[:, None], k=k[:, None], v=v[:, None], g=g[:, None], beta=beta[:, None], scale=scale,
+            initial_state=state[state_indices].to(compute_dtype(q.dtype)), output_final_state=True,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        )  # fmt: skip
+        state[state_indices] = final.to(state.dtype)
+        return o[:, 0]
+    return _step_in_place(q, k, v, g, beta, state, state_indices.tolist(), scale, use_qk_l2norm_in_kernel)
+
+
+def _step_in_place(q, k, v, g, beta, state, slots, scale, use_qk_l2norm_in_kernel) -> torch.Tensor:
+    """The PyTorch path of :func:`fused_recurrent_gated_delta_rule_in_slots` (see the module docstring)."""
     in_dtype, dtype = q.dtype, compute_dtype(q.dtype)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
@@ -98,3 +133,68 @@ def fused_recurrent_gated_delta_rule_in_slots(
         if work is not slot_state:
             slot_state.copy_(work)
     return out.to(in_dtype)
+
+
+def chunk_gated_delta_rule_in_slots(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    state_indices: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    scale: float | None = None,
+    *,
+    use_qk_l2norm_in_kernel: bool = False,
+) -> torch.Tensor:
+    """Run segment ``i`` of a packed prompt chunk from slot ``state_indices[i]`` and store its final state there.
+
+    Args:
+        q, k: ``[1, T, H, K]``, the sequences' tokens packed along T. v: ``[1, T, H, V]``.
+        g: ``[1, T, H]`` log-decay (<= 0). beta: ``[1, T, H]`` write strength.
+        state: ``[slots, H, K, V]``, any strides and float dtype; the indexed slots are overwritten with
+            the final states, the others untouched.
+        state_indices: ``[N]`` distinct slot numbers, one per segment.
+        cu_seqlens: ``[N + 1]`` segment borders over T; no state crosses a border.
+        has_initial_state: ``[N]`` bool; a segment without one starts from zeros (its slot is not read).
+        scale, use_qk_l2norm_in_kernel: as :func:`~llamafactory_zebra.ops.chunk_gated_delta_rule`.
+
+    Returns ``o`` ``[1, T, H, V]`` in q's dtype.
+    """
+    check_gdn_inputs(q, k, v, g, beta, None, cu_seqlens)
+    if cu_seqlens is None:
+        raise ValueError("cu_seqlens is required: one segment per state slot.")
+    num_seqs = cu_seqlens.numel() - 1
+    _check_slots(state, state_indices, (q.shape[2], q.shape[3], v.shape[3]), num_seqs)
+    if has_initial_state.shape != (num_seqs,) or has_initial_state.dtype != torch.bool:
+        raise ValueError(
+            f"has_initial_state must be a bool tensor of shape [N] = [{num_seqs}] (one per cu_seqlens segment), "
+            f"got {has_initial_state.dtype} {tuple(has_initial_state.shape)}."
+        )
+    if bool(has_initial_state.any()):
+        initial_state = state[state_indices].to(compute_dtype(q.dtype))
+        initial_state[~has_initial_state] = 0
+    else:
+        initial_state = None  # every sequence's first chunk (the usual prefill): no slot to read
+    rule = chunk_gated_delta_rule
+    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and cpu_has_bf16_dot_products():
+        if fla_ops(q, _FLA_GDN) is None:
+            rule = functools.partial(chunk_gated_delta_rule_torch, matmul_dtype=torch.bfloat16)
+    o, final = rule(
+        q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state, output_final_state=True,
+        cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+    )  # fmt: skip
+    state[state_indices] = final.to(state.dtype)
+    return o
+
+
+@functools.cache
+def cpu_has_bf16_dot_products() -> bool:
+    """Whether this CPU's bf16 GEMMs run faster than fp32 ones: AVX-512-BF16, or Arm's bf16 extension
+    (the two cases vLLM's CPU GDN op checks; written with PyTorch's own probes because ops never import vLLM)."""
+    if torch.cpu._is_avx512_bf16_supported():
+        return True
+    arm = platform.machine().lower() in ("aarch64", "arm64")
+    return arm and bool(torch.cpu.get_capabilities().get("bf16", False))

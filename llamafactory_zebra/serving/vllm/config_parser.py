@@ -9,8 +9,9 @@ directory's config is read differently": a config parser (``register_config_pars
 by ``config_format``, and ``auto`` picks ``hf`` for any directory with a ``config.json`` — a parser under a
 new name would need ``--config-format zebra`` on every command. So :class:`ZebraAwareHFConfigParser`
 is registered under the name ``hf`` itself: it answers released-layout directories with the
-``ZebraConfig`` that ``configuration_zebra.released_directory_kwargs`` builds (the same translation the
-training side uses) and passes every other directory to vLLM's own ``HFConfigParser`` unchanged.
+``ZebraConfig`` of ``released.load_released_config`` (the loader ``ZebraForCausalLM.from_pretrained``
+calls, so both sides read one translation) and passes every other directory to vLLM's own
+``HFConfigParser`` unchanged.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from transformers import AutoConfig, PreTrainedConfig
 from vllm.transformers_utils.config import HFConfigParser, register_config_parser
 
 from ...configuration_zebra import ZebraConfig
-from ...released import RELEASED_LAYOUT, checkpoint_layout, released_directory_kwargs
+from ...released import RELEASED_LAYOUT, checkpoint_layout, load_released_config
 
 ARCHITECTURE = "ZebraForCausalLM"
 
@@ -33,10 +34,10 @@ def register_zebra_config() -> None:
 
 
 def released_config(path: str) -> ZebraConfig:
-    """The native ``ZebraConfig`` of a released-layout directory, naming the vLLM architecture."""
-    config = ZebraConfig(**released_directory_kwargs(path))
+    """The ``ZebraConfig`` the training side reads from a released-layout directory, naming the vLLM
+    architecture (AMD's ``config.json`` names Qwen3's)."""
+    config = load_released_config(path)
     config.architectures = [ARCHITECTURE]
-    config._name_or_path = path
     return config
 
 

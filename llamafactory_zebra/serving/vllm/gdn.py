@@ -8,14 +8,14 @@ the engine allocates per-request conv and SSM state slots from the shapes of
 What it cannot supply is the compute for Zebra's shapes. vLLM's CPU GDN kernel requires key head =
 value head (Zebra: 256 vs 512), rejects head 256 and runs bf16 only; its GPU path is fla's Triton code
 (its own copy in ``vllm.third_party``), not verified here for these shapes. So :func:`zebra_gdn_core`
-runs this project's ops on the requests' state slots. Prompt chunks go through ``ops.causal_conv1d``
-(continued from a slot's conv window) and ``ops.chunk_gated_delta_rule`` on the gathered states (bf16
-GEMM operands for bf16 serving on CPUs with bf16 dot products: ``prefill_chunk_op``), whose final states
-are written back; decode tokens through ``causal_conv1d_update`` and, on CPU,
-``ops.fused_recurrent_gated_delta_rule_in_slots``, which steps each SSM slot in place (a decode step is
-bound by moving the 3 MB states, so they are not copied), or on a GPU the project's dispatch to fla.
-Each request is its own segment (``cu_seqlens`` from the metadata), so batched requests never share a
-window or a state.
+runs this project's slot-indexed ops on the requests' state slots: the gates (``ops.gdn_gates``, the
+training layer's formula), the conv (``ops.causal_conv1d_in_slots`` / ``causal_conv1d_update_in_slots``)
+and the recurrence (``ops.chunk_gated_delta_rule_in_slots`` for prompt chunks,
+``ops.fused_recurrent_gated_delta_rule_in_slots`` for decode tokens). Each op picks fla on a GPU or
+PyTorch on a CPU itself; this module only reads vLLM's metadata and slot layout. The one choice made
+here is vLLM's own C++ causal conv where it runs (:func:`uses_vllm_cpu_conv`), a vLLM kernel that
+``ops/`` cannot import. Each request is its own segment (``cu_seqlens`` from the metadata), so batched
+requests never share a window or a state.
 
 Zebra keeps separate ``q_conv1d``/``k_conv1d``/``v_conv1d`` weights; being depthwise, they are one
 convolution over the concatenated channels, loaded into one ``conv1d`` parameter (as vLLM's OLMo
@@ -25,11 +25,7 @@ the transformers model carries it in fp32 whatever the activations' dtype.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 from vllm import _custom_ops as vllm_ops
 from vllm.config import VllmConfig, get_current_vllm_config
@@ -42,19 +38,18 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
     MambaStateShapeCalculator,
     is_conv_state_dim_first,
 )
-from vllm.model_executor.layers.mamba.ops.cpu.gdn_attention import is_arm_bf16
 from vllm.model_executor.utils import set_weight_attrs
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import direct_register_custom_op
 
 from ...configuration_zebra import ZebraConfig
 from ...ops import (
-    causal_conv1d,
-    causal_conv1d_update,
-    chunk_gated_delta_rule,
-    chunk_gated_delta_rule_torch,
-    fused_recurrent_gated_delta_rule,
+    causal_conv1d_in_slots,
+    causal_conv1d_update_in_slots,
+    chunk_gated_delta_rule_in_slots,
+    cpu_has_bf16_dot_products,
     fused_recurrent_gated_delta_rule_in_slots,
+    gdn_gates,
 )
 
 # Checkpoint names of the stacked parameters: (vLLM parameter, checkpoint module, shard).
@@ -115,7 +110,6 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         self.conv_kernel_size = config.gdn_conv_size
         self.activation = "silu"
         self.vllm_cpu_conv = uses_vllm_cpu_conv(vllm_config.model_config.dtype, self.conv_kernel_size)
-        self.chunk_op = prefill_chunk_op(vllm_config.model_config.dtype)
 
         self.qkvg_proj = MergedColumnParallelLinear(
             self.hidden_size, [self.key_dim, self.key_dim, self.value_dim, self.value_dim], bias=False,
@@ -176,8 +170,7 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
             return
         decodes, decode_tokens = metadata.num_decodes, metadata.num_decode_tokens
         slots = metadata.non_spec_state_indices_tensor[: decodes + metadata.num_prefills].long()
-        beta = b[:count].sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a[:count].float() + self.dt_bias)
+        g, beta = gdn_gates(a[:count], b[:count], self.A_log, self.dt_bias)
         if decodes:
             tokens = slice(0, decode_tokens)
             self._decode(mixed[tokens], g[tokens], beta[tokens], slots[:decodes], out[tokens])
@@ -208,9 +201,7 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         )
 
     def _decode(self, mixed, g, beta, slots, out) -> None:
-        """One token per request. On CPU the SSM slots are stepped in place
-        (:func:`fused_recurrent_gated_delta_rule_in_slots`); elsewhere the states are gathered for the
-        project's dispatch (fla's fused recurrent kernel on a GPU) and written back."""
+        """One token per request: the conv windows and the SSM states advance in their slots."""
         conv_cache, ssm_cache = self._state_slots()
         if self.vllm_cpu_conv:
             conv_out = vllm_ops.causal_conv1d_update_cpu(
@@ -218,26 +209,16 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
                 conv_state_indices=slots.to(torch.int32), is_weight_packed=False,
             )  # fmt: skip
         else:
-            # The project's conv state carries W columns (the oldest one unread); vLLM's slot holds W - 1.
-            conv_state = F.pad(conv_cache[slots], [1, 0])
-            conv_out, _ = causal_conv1d_update(mixed, conv_state, self.conv1d.weight, activation="silu")
-            conv_cache[slots] = conv_state[..., 1:].to(conv_cache.dtype)
+            conv_out = causal_conv1d_update_in_slots(mixed, self.conv1d.weight, conv_cache, slots)
         q, k, v = self._split_heads(conv_out)
-        if ssm_cache.device.type == "cpu":
-            output = fused_recurrent_gated_delta_rule_in_slots(
-                q, k, v, g, beta, ssm_cache, slots, use_qk_l2norm_in_kernel=True
-            )
-        else:
-            output, final_ssm = fused_recurrent_gated_delta_rule(
-                q[:, None], k[:, None], v[:, None], g=g[:, None], beta=beta[:, None],
-                initial_state=ssm_cache[slots].float(), output_final_state=True, use_qk_l2norm_in_kernel=True,
-            )  # fmt: skip
-            ssm_cache[slots] = final_ssm.to(ssm_cache.dtype)
+        output = fused_recurrent_gated_delta_rule_in_slots(
+            q, k, v, g, beta, ssm_cache, slots, use_qk_l2norm_in_kernel=True
+        )
         out.copy_(output.reshape(out.shape))
 
     def _prefill(self, mixed, g, beta, slots, starts, fresh, out) -> None:
         """Whole prompt chunks, one ``cu_seqlens`` segment per request, from each slot's state (zeros for a
-        request's first chunk) through the chunked ops; final states go back to the slots."""
+        request's first chunk); final states go back to the slots."""
         conv_cache, ssm_cache = self._state_slots()
         if self.vllm_cpu_conv:
             conv_out = vllm_ops.causal_conv1d_fwd_cpu(
@@ -246,49 +227,28 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
                 has_initial_state=~fresh, silu_activation=True, is_weight_packed=False,
             ).transpose(0, 1)[None]  # fmt: skip
         else:
-            conv_state = F.pad(conv_cache[slots], [1, 0])
-            conv_state[fresh] = 0
-            conv_out, final_conv = causal_conv1d(
-                mixed[None], self.conv1d.weight, activation="silu", initial_state=conv_state,
-                output_final_state=True, cu_seqlens=starts,
-            )  # fmt: skip
-            conv_cache[slots] = final_conv[..., 1:].to(conv_cache.dtype)
-        if bool(fresh.all()):
-            ssm_state = None  # every request's first chunk (the usual prefill): no slot to read
-        else:
-            ssm_state = ssm_cache[slots].float()
-            ssm_state[fresh] = 0
+            conv_out = causal_conv1d_in_slots(mixed[None], self.conv1d.weight, conv_cache, slots, starts, ~fresh)
         q, k, v = self._split_heads(conv_out)
-        output, final_ssm = self.chunk_op(
-            q, k, v, g=g[None], beta=beta[None], initial_state=ssm_state, output_final_state=True,
-            cu_seqlens=starts, use_qk_l2norm_in_kernel=True,
-        )  # fmt: skip
-        ssm_cache[slots] = final_ssm.to(ssm_cache.dtype)
+        output = chunk_gated_delta_rule_in_slots(
+            q, k, v, g[None], beta[None], ssm_cache, slots, starts, ~fresh, use_qk_l2norm_in_kernel=True
+        )
         out.copy_(output.reshape(out.shape))
 
 
-def cpu_has_bf16_dot_products() -> bool:
-    """A CPU whose bf16 GEMMs run faster than fp32 ones (AVX-512-BF16, or Arm's bf16 extension)."""
-    return current_platform.is_cpu() and (torch.cpu._is_avx512_bf16_supported() or is_arm_bf16())
-
-
-def prefill_chunk_op(dtype: torch.dtype) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
-    """The chunked GDN op for prompt chunks. bf16 serving on a CPU with bf16 dot products runs its large
-    GEMMs on bf16 operands (``matmul_dtype``, as fla's kernels do on a GPU): a 512-token step's GDN
-    core runs 1.4x faster (``benchmarks/bench_vllm_gdn_cpu.py``). Elsewhere: the dispatch (fla on a GPU, the
-    exact fp32 PyTorch path on other CPUs and for fp32 serving)."""
-    if dtype == torch.bfloat16 and cpu_has_bf16_dot_products():
-        return functools.partial(chunk_gated_delta_rule_torch, matmul_dtype=torch.bfloat16)
-    return chunk_gated_delta_rule
-
-
 def uses_vllm_cpu_conv(dtype: torch.dtype, width: int) -> bool:
-    """Whether vLLM's C++ causal conv (``vllm._custom_ops.causal_conv1d_*_cpu``, 24x this project's
-    PyTorch conv at a 4096-token prefill, ``benchmarks/bench_vllm_gdn_cpu.py``) can run the layer's conv: a CPU with bf16 dot products, bf16
-    activations, a 4-wide window and vLLM's default conv-state layout (``[slots, W - 1, C]`` storage,
-    which the kernel reads through a ``[slots, C, W - 1]`` view). Anything else (e.g. the fp32 parity
-    runs) takes the project's PyTorch conv."""
-    return dtype == torch.bfloat16 and width == 4 and not is_conv_state_dim_first() and cpu_has_bf16_dot_products()
+    """Whether vLLM's C++ causal conv (``vllm._custom_ops.causal_conv1d_*_cpu``; its speed against this
+    project's PyTorch conv: ``benchmarks/bench_vllm_gdn_cpu.py``, ``docs/benchmarks.md``) can run the
+    layer's conv: vLLM's CPU platform on a CPU with bf16 dot products, bf16 activations, a 4-wide window and
+    vLLM's default conv-state layout (``[slots, W - 1, C]`` storage, which the kernel reads through a
+    ``[slots, C, W - 1]`` view). Anything else (e.g. the fp32 parity runs, a GPU) takes the project's conv
+    op, which dispatches to fla on a GPU."""
+    return (
+        current_platform.is_cpu()
+        and dtype == torch.bfloat16
+        and width == 4
+        and not is_conv_state_dim_first()
+        and cpu_has_bf16_dot_products()
+    )
 
 
 def zebra_gdn_core(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:

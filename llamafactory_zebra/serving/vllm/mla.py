@@ -32,18 +32,9 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from vllm.model_executor.layers.quantization import QuantizationConfig
 from vllm.model_executor.layers.rotary_embedding import get_rope
-from vllm.model_executor.layers.rotary_embedding.common import yarn_get_mscale
 
 from ...configuration_zebra import MLA_NORM_LORA, MLA_NORM_QK_HEAD, ZebraConfig
-
-
-def softmax_scale(config: ZebraConfig) -> float:
-    """``qk_head_dim^-0.5``, times DeepSeek's YaRN correction ``mscale(factor, mscale_all_dim)²`` when set."""
-    scale = config.qk_head_dim**-0.5
-    rope = config.rope_parameters
-    if rope.get("rope_type") == "yarn" and rope.get("mscale_all_dim"):
-        scale *= yarn_get_mscale(rope["factor"], float(rope["mscale_all_dim"])) ** 2
-    return scale
+from ...rope import mla_softmax_scale
 
 
 def rotary_embedding(config: ZebraConfig):
@@ -124,7 +115,7 @@ class ZebraMLAAttention(nn.Module):
         self.attn = Attention(
             self.num_heads,
             self.head_size,
-            softmax_scale(config),
+            mla_softmax_scale(config),
             num_kv_heads=self.num_kv_heads,
             cache_config=cache_config,
             quant_config=quant_config,
