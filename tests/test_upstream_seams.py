@@ -244,6 +244,7 @@ def test_transformers_registrations_are_exactly_the_declared_ones():
     from transformers.modeling_utils import AttentionInterface
 
     import llamafactory_zebra  # noqa: F401
+
     declared = {(registry, key) for registry, key, _ in seams.TRANSFORMERS_REGISTRATIONS}
     before = dict(AttentionInterface._global_mapping)
     try:
