@@ -221,3 +221,10 @@ def test_sdpa_forward_without_packing_matches_eager():
     input_ids = torch.randint(1, 97, (2, 11), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         torch.testing.assert_close(sdpa(input_ids).logits, eager(input_ids).logits, rtol=1e-9, atol=1e-9)
+
+
+def test_the_worked_examples_hold():
+    import doctest
+
+    results = doctest.testmod(packed_attention)
+    assert results.attempted >= 1 and results.failed == 0

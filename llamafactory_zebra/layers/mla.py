@@ -30,7 +30,9 @@ Where the norms sit (``config.mla_norm``):
 
 Attention itself goes through transformers' attention interface, so ``eager``, ``sdpa`` and
 ``flash_attention_2`` (with its varlen path for packed sequences) all work unchanged; FlashAttention
-goes through ``flash_attention.py`` (transformers' FA core without a transformers 5.6.0 bug).
+goes through ``flash_attention.py`` (transformers' FA core without a transformers 5.6.0 bug), and
+packed rows on sdpa through :func:`packed_sdpa_attention`, which reads the samples' borders instead of
+a ``T x T`` mask (``attention_policy.py`` says which kernel runs what).
 
 Decoding (a cache with earlier tokens and a few new queries) takes the absorbed path of DeepSeek-V2
 (§2.1.2 of its report): ``kv_b_proj``'s key half is folded into the queries and its value half into the
