@@ -52,7 +52,14 @@ from torch import nn
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..attention_policy import BORDER_KERNELS, FLASH_ATTENTION_BACKENDS, PACKED_FLEX, SDPA, packed_attention_kernel
+from ..attention_policy import (
+    BORDER_KERNELS,
+    EAGER,
+    FLASH_ATTENTION_BACKENDS,
+    PACKED_FLEX,
+    SDPA,
+    packed_attention_kernel,
+)
 from ..configuration_zebra import MLA_NORM_LORA, MLA_NORM_QK_HEAD, ZebraConfig
 from ..ops.packed_attention import flex_packed_attention, per_segment_sdpa
 from ..parallel.attention import ulysses_attention
@@ -330,7 +337,7 @@ class ZebraMLA(nn.Module):
             return flash_attention_forward
         if packed and packed_attention_kernel(implementation, query.device.type) in BORDER_KERNELS:
             return packed_sdpa_attention
-        if implementation in (None, "eager"):
+        if implementation in (None, EAGER):
             return eager_attention_forward
         return ALL_ATTENTION_FUNCTIONS[implementation]
 
