@@ -7,6 +7,9 @@ Rows (each measured in this run, nothing carried over):
 - ``packed step``: one training step of the tiny model on packed rows with the GPU backends (fla,
   Liger's fused CE, FlashAttention-2 when installed) against the same step with the PyTorch backends
   (``ZEBRA_GDN_BACKEND=torch``, chunked CE, sdpa): loss and gradient relative errors;
+- ``packed sdpa``: one fp32 training step of the tiny model on packed rows with sdpa reading the
+  samples' borders (compiled ``flex_attention`` on a GPU) against the same step with the dense 4-D
+  block-causal mask: loss and gradient relative errors (docs/gpu.md, section 2b);
 - ``throughput``: forward + backward + AdamW step of the tiny model and of a 2-layer real-width Zebra
   (Qwen3-1.7B width, one GDN and one MLA layer) on one packed bf16 row of 8k and 32k tokens:
   tokens/s, MFU (model FLOPs: 6 x matmul parameters per token plus causal MLA attention; GDN's
@@ -35,7 +38,9 @@ from pathlib import Path
 import torch
 
 from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
+from llamafactory_zebra.attention_policy import SDPA, packed_attention_kernel
 from llamafactory_zebra.ops import BACKEND_ENV_VAR
+from llamafactory_zebra.packing import block_causal_mask, segment_ids_from_position_ids
 from llamafactory_zebra.planning.parameters import summarize
 from llamafactory_zebra.planning.plan import TrainingSetup, make_plan
 
@@ -104,6 +109,28 @@ def packed_step(device: str, fast_attention: str, length: int) -> dict[str, str]
         "check": f"packed step (tiny, bf16, 4 samples in {length})",
         "result": f"loss rel {relative(loss_gpu, loss_torch):.1e}, grads rel {relative(grads_gpu, grads_torch):.1e}",
         "detail": f"backends gdn/loss/attention {used} vs torch/chunked/sdpa",
+    }
+
+
+def packed_sdpa_step(device: str, length: int) -> dict[str, str]:
+    """Tiny model, fp32, sdpa on packed rows: the samples' borders (the kernel the attention policy picks:
+    compiled flex_attention on a GPU, per-sample sdpa on CPU) against the dense 4-D block-causal mask."""
+    torch.manual_seed(0)
+    base = ZebraForCausalLM(model_config("tiny", SDPA)).to(device).train()
+    batch = packed_row(base.config.vocab_size, length, device)
+    dense_mask = block_causal_mask(segment_ids_from_position_ids(batch["position_ids"]))
+    runs = []
+    for extra in ({}, {"attention_mask": dense_mask}):
+        model = copy.deepcopy(base)
+        loss = model(**batch, **extra).loss
+        loss.backward()
+        runs.append((loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    (loss_borders, grads_borders), (loss_dense, grads_dense) = runs
+    kernel = packed_attention_kernel(SDPA, device)
+    return {
+        "check": f"packed sdpa (tiny, fp32, 4 samples in {length})",
+        "result": f"loss rel {relative(loss_borders, loss_dense):.1e}, grads rel {relative(grads_borders, grads_dense):.1e}",
+        "detail": f"{kernel} on the samples' borders vs the dense block-causal mask",
     }
 
 
@@ -229,6 +256,7 @@ def main(argv: list[str] | None = None) -> str:
         attention = "sdpa"
     peak = args.peak_tflops or peak_for_device(device)
     rows = [versions(device), kernel_equality(device), packed_step(device, attention, args.step_length)]
+    rows.append(packed_sdpa_step(device, args.step_length))
     rows += [throughput(kind, length, device, attention, peak) for kind in args.models for length in args.lengths]
     table = render(rows)
     print(table)

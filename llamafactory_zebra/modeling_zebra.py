@@ -8,8 +8,8 @@ Packed batches never leak across samples: when ``position_ids`` restart inside a
 ``packing``), when the 2-D attention mask carries segment ids 1, 2, 3… (``neat_packing``), or when a
 4-D block-diagonal mask is given, ``ZebraModel.forward`` derives per-sample segments once (the rule
 lives in ``packing.py``) and ``ZebraModel._mixer_inputs`` hands them to both mixers — as ``cu_seqlens``
-to the GDN recurrence and convolutions, and as a block-diagonal mask (or the same ``cu_seqlens``
-for FlashAttention-2's varlen path) to MLA.
+to the GDN recurrence and convolutions, and to MLA as the same borders (FlashAttention's varlen path,
+or PyTorch's own kernels for sdpa: ``ops/packed_attention.py``) or, for eager, a block-diagonal mask.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
+from .attention_policy import BORDER_KERNELS, PACKED_FLASH_VARLEN, packed_attention_kernel
 from .configuration_zebra import MLA, ZebraConfig
-from .layers.flash_attention import FLASH_ATTENTION_BACKENDS
 from .layers.gated_deltanet import ZebraGatedDeltaNet, ZebraShortConv, gdn_decay_init
 from .layers.mla import ZebraMLA
 from .layers.norms import ZebraRMSNorm
@@ -421,8 +421,10 @@ class ZebraModel(ZebraPreTrainedModel):
         causal and linear-attention masks):
 
         - GDN: ``cu_seqlens`` (packed rows; see ``packing.py``) and ``padding_mask`` (1 = token);
-        - MLA: ``attention_mask`` (causal, block-causal, the caller's 4-D mask, or ``None``) and, for
-          FlashAttention on packed rows, the ``cu_seqlens`` of its varlen path (``cu_seq_lens_q/k``);
+        - MLA: ``attention_mask`` (causal, the caller's 4-D mask, block-causal for eager, or ``None``) and,
+          for packed rows on FlashAttention or sdpa, the samples' borders as FlashAttention's varlen
+          arguments (``cu_seq_lens_q/k``), with no mask: ``attention_policy.packed_attention_kernel``
+          names the kernel that reads them;
         - both, under sequence parallelism: ``sp_context``, whose mixers exchange what crosses shards.
         """
         if segment_ids is None:
@@ -442,10 +444,13 @@ class ZebraModel(ZebraPreTrainedModel):
             inputs.update(cu_seqlens=sp_context.cu_seqlens, sp_context=sp_context)
             return inputs
         inputs["cu_seqlens"] = cu_seqlens_from_segment_ids(segment_ids)
-        if self.config._attn_implementation in FLASH_ATTENTION_BACKENDS:
+        kernel = packed_attention_kernel(self.config._attn_implementation, inputs_embeds.device.type)
+        if kernel == PACKED_FLASH_VARLEN:
             inputs.update(flash_varlen_kwargs(segment_ids))
         elif attention_mask is not None and attention_mask.dim() == 4:
             inputs["attention_mask"] = attention_mask
+        elif kernel in BORDER_KERNELS:
+            inputs.update(flash_varlen_kwargs(segment_ids))
         else:
             inputs["attention_mask"] = block_causal_mask(segment_ids)
         return inputs

@@ -11,7 +11,7 @@ from llamafactory_zebra.distill.ild import ild_layer_losses, teacher_forced, tea
 from llamafactory_zebra.distill.teacher import teacher_inputs
 from llamafactory_zebra.distill.trainer import freeze_outside_ild
 from llamafactory_zebra.hparams import ZebraArguments
-from llamafactory_zebra.layers.flash_attention import register_sinkless_flash_attention
+from llamafactory_zebra.integration.seams import register_sinkless_flash_attention
 
 
 def ild_loss(student, teacher, batch, kind="l2", layers=None):
@@ -114,7 +114,7 @@ def sinkless_flash_attention_registered():
 def test_flash_attention_teacher_keeps_packed_samples_apart_in_every_row(
     reference_fa2, sinkless_flash_attention_registered
 ):
-    """FA2 teacher (reference kernel, the attention function ``load_teacher`` registers), two packed rows
+    """FA2 teacher (reference kernel, the attention function the distillation seam registers), two packed rows
     with padding: each sample's logits equal the sdpa teacher's on that sample alone, and the kernel got
     every sample's borders."""
     sdpa = tiny_qwen3(vocab_size=97).to(torch.bfloat16).eval()

@@ -25,6 +25,7 @@ def test_cpu_report_has_every_row(capsys):
         "versions",
         "kernel equality (fla vs PyTorch)",
         "packed step (tiny, bf16, 4 samples in 64)",
+        "packed sdpa (tiny, fp32, 4 samples in 64)",
         "throughput tiny @ 48 tokens",
     ]
     assert "not run (no GPU)" in rows["kernel equality (fla vs PyTorch)"][0]
@@ -37,6 +38,10 @@ def test_cpu_report_has_every_row(capsys):
         "rel",
         "0.0e+00",
     ]
+    # sdpa on the samples' borders (per-sample sdpa on CPU) against the dense mask: fp32 rounding only.
+    result, detail = rows["packed sdpa (tiny, fp32, 4 samples in 64)"]
+    loss_rel, grads_rel = float(result.split()[2].rstrip(",")), float(result.split()[5])
+    assert loss_rel < 1e-6 and grads_rel < 1e-5 and "sdpa_per_segment" in detail
     throughput, memory = rows["throughput tiny @ 48 tokens"]
     assert float(throughput.split()[0].replace(",", "")) > 0
     assert "plan" in memory and "n/a" in memory

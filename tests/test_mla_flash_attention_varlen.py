@@ -123,12 +123,12 @@ def test_sequence_parallel_flash_attention_2_keeps_rows_and_samples_apart(refere
 
 
 def test_the_attention_table_examples_hold():
-    """``layers/flash_attention.py`` is the one list of the attention values Zebra takes (fa3 refused there)."""
+    """``attention_policy.py`` is the one list of the attention values Zebra takes (fa3 refused there)."""
     import doctest
 
-    from llamafactory_zebra.layers import flash_attention
+    from llamafactory_zebra import attention_policy
 
-    results = doctest.testmod(flash_attention, optionflags=doctest.ELLIPSIS)
+    results = doctest.testmod(attention_policy, optionflags=doctest.ELLIPSIS)
     assert results.attempted >= 2 and results.failed == 0
     with pytest.raises(ValueError, match="'fa4' is not one of auto, disabled, sdpa, fa2"):
-        flash_attention.attn_implementation_for("fa4")
+        attention_policy.attn_implementation_for("fa4")

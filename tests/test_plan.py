@@ -359,6 +359,6 @@ def test_plan_names_the_bad_field(tmp_path, capsys):
     ],
 )
 def test_plan_refuses_the_attention_it_cannot_model(tmp_path, capsys, flash_attn, message):
-    """The values come from ``layers/flash_attention.py``'s one table: fa3 refused, eager not modelled."""
+    """The values come from ``attention_policy.py``'s one table: fa3 refused, eager not modelled."""
     code, out, err = _run_plan(capsys, _write_yaml(tmp_path, flash_attn=flash_attn))
     assert code != 0 and message in out + err

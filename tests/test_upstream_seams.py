@@ -244,13 +244,12 @@ def test_transformers_registrations_are_exactly_the_declared_ones():
     from transformers.modeling_utils import AttentionInterface
 
     import llamafactory_zebra  # noqa: F401
-    from llamafactory_zebra.layers.flash_attention import register_sinkless_flash_attention
 
     declared = {(registry, key) for registry, key, _ in seams.TRANSFORMERS_REGISTRATIONS}
     before = dict(AttentionInterface._global_mapping)
     try:
-        register_sinkless_flash_attention()
-        register_sinkless_flash_attention()
+        seams.register_sinkless_flash_attention()
+        seams.register_sinkless_flash_attention()
         assert _plugin_registrations() == declared
     finally:
         AttentionInterface._global_mapping.clear()

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..layers.flash_attention import FLASH_ATTENTION_BACKENDS, register_sinkless_flash_attention
 from ..packing import block_causal_mask, flash_varlen_kwargs, packed_segment_ids, positions_within_segments
 
 
@@ -52,12 +51,11 @@ def load_teacher(
     """``AutoModelForCausalLM`` in eval mode on ``device``, every parameter frozen.
 
     With FlashAttention, transformers 5.6.0's own FA function fails on the first forward of any model
-    without attention sinks (``layers/flash_attention.py``); the teacher gets the fixed one.
+    without attention sinks (``layers/flash_attention.py``); the training seam registers the fixed one
+    before the trainer loads the teacher (``integration.distill.distill_step``).
     """
     from transformers import AutoModelForCausalLM
 
-    if attn_implementation in FLASH_ATTENTION_BACKENDS:
-        register_sinkless_flash_attention()
     with outside_zero3_init(hf_deepspeed_config):
         teacher = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
 
+from ..attention_policy import FLASH_ATTENTION_BACKENDS, distill_teacher_attention
 from ..hparams import ZebraArguments, zebra_arguments
 from ..loss import IGNORE_INDEX, liger_can_run, shifted_targets
 from .ild import LayerHooks, decoder_layers, ild_layer_losses, teacher_layer_states
@@ -68,16 +69,14 @@ class DistillTrainer(CustomSeq2SeqTrainer):
         student = _unwrapped(self.model)
         if getattr(student.config, "model_type", None) != "zebra":
             raise ValueError("distillation is implemented for Zebra students (the loss runs in their forward)")
-        attention = getattr(student.config, "_attn_implementation", None) or "sdpa"
-        self.teacher_flash_attention = attention.startswith("flash_attention")
+        attention = distill_teacher_attention(getattr(student.config, "_attn_implementation", None))
+        self.teacher_flash_attention = attention in FLASH_ATTENTION_BACKENDS
         dtype = torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else torch.float32
         self.teacher = load_teacher(
             self.distill.teacher_model_name_or_path,
             device=self.args.device,
             dtype=dtype,
-            attn_implementation=attention
-            if attention in ("eager", "sdpa") or self.teacher_flash_attention
-            else "sdpa",
+            attn_implementation=attention,
             trust_remote_code=self.distill.trust_remote_code,
             hf_deepspeed_config=getattr(self.args, "hf_deepspeed_config", None),
         )

@@ -4,7 +4,8 @@ seams call, and the one wrapper distillation adds on its own.
 - ``hparams.parser.get_train_args`` (``training.py``'s one wrapper): the distillation keys leave the
   arguments with the plugin's other keys before LLaMA-Factory parses them (``hparams.ZebraArguments``,
   stored on ``finetuning_args``) and are checked (stage, teacher path, vocabulary, weights, ILD shapes,
-  no SP / tiled MLP) before any data is loaded (:func:`distill_step`).
+  no SP / tiled MLP) before any data is loaded (:func:`distill_step`); with FlashAttention, the teacher's
+  FA function is registered there (``seams.register_sinkless_flash_attention``).
 - ``train.sft.workflow.CustomSeq2SeqTrainer`` (wrapped in ``training.py``): ``run_sft`` builds
   ``distill.trainer.DistillTrainer`` when ``distill`` is set.
 - ``train.callbacks.LogCallback.on_log``, during distillation only: LLaMA-Factory writes a fixed set of
@@ -17,10 +18,11 @@ import functools
 from types import ModuleType
 from typing import Any
 
+from ..attention_policy import FLASH_ATTENTION_BACKENDS, attn_implementation_for
 from ..distill.checks import check_distill_setup
 from ..distill.metrics import METRIC_PREFIXES
 from ..hparams import ZebraArguments
-from .seams import is_wrapped, upstream, wrap, wrapped_method
+from .seams import is_wrapped, register_sinkless_flash_attention, upstream, wrap, wrapped_method
 
 
 def distill_step(distill: ZebraArguments, parsed: tuple[Any, ...], logger: Any) -> None:
@@ -30,6 +32,8 @@ def distill_step(distill: ZebraArguments, parsed: tuple[Any, ...], logger: Any) 
     if not distill.distilling:
         return
     check_distill_setup(distill, model_args, finetuning_args)
+    if attn_implementation_for(model_args.flash_attn) in FLASH_ATTENTION_BACKENDS:
+        register_sinkless_flash_attention()
     distill.trust_remote_code = bool(model_args.trust_remote_code)
     from llamafactory.train import callbacks
 

@@ -11,7 +11,8 @@ its AMD recipe (see docs/rocm.md and docs/deepspeed.md):
 * the YAML and the DeepSpeed JSON disagree (precision, batch sizes, clipping, optimizer/scheduler
   values; see ``config_conflicts.py``): refused here, not after the dataset is tokenised.
 * ``flash_attn: fa3``: LLaMA-Factory 0.9.5 raises "Unknown attention type" only when it loads the model,
-  after the data; ``fa2`` asked for on a GPU without flash-attn falls back to SDPA with a warning only.
+  after the data (the refused values and why: ``attention_policy.py``); ``fa2`` asked for on a GPU
+  without flash-attn falls back to SDPA with a warning only.
 * fp32 on a GPU: nothing fails, but the run needs twice the activation memory of the bf16 recipe.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..attention_policy import SDPA, attn_implementation_for, packed_attention_kernel
 from ..hparams import optimizer_steps_per_epoch, total_optimizer_steps, zebra_arguments
 from .config_conflicts import check_deepspeed_conflicts, deepspeed_warnings
 
@@ -100,13 +102,7 @@ def _refuse_fp16_on_rocm(training_args: Any, deepspeed: dict[str, Any] | None, r
 
 
 def _refuse_unsupported_attention(model_args: Any) -> None:
-    attention = str(getattr(model_args.flash_attn, "value", model_args.flash_attn))
-    if attention == "fa3":
-        raise ValueError(
-            'flash_attn: fa3 is not supported by LLaMA-Factory 0.9.5 for Zebra (it raises "Unknown attention '
-            'type" when it loads the model, after the dataset is tokenised). Use flash_attn: fa2 on GPUs '
-            "(FlashAttention-2's varlen path keeps packed samples apart) or sdpa."
-        )
+    attn_implementation_for(model_args.flash_attn)  # raises for a refused value, with the reason
 
 
 def _accelerator_warnings(model_args: Any, training_args: Any, arguments: str) -> list[str]:
@@ -124,9 +120,11 @@ def _accelerator_warnings(model_args: Any, training_args: Any, arguments: str) -
     from transformers.utils import is_flash_attn_2_available
 
     if attention == "fa2" and not is_flash_attn_2_available():
+        kernel = packed_attention_kernel(SDPA, "cuda")
         warnings.append(
             f"flash_attn: fa2 in {arguments} but flash-attn is not installed: LLaMA-Factory falls back to SDPA, "
-            "whose packed-sample mask is T x T per row; install flash-attn (ROCm: the CK build, see docs/rocm.md)."
+            f"which runs packed rows on {kernel} (docs/architecture.md#packed-sequences); install flash-attn "
+            "for FlashAttention-2's varlen kernel (ROCm: the CK build, see docs/rocm.md)."
         )
     return warnings
 

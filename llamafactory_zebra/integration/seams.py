@@ -261,6 +261,21 @@ def register_attention_function(backend: str, function: Callable) -> bool:
     return True
 
 
+def register_sinkless_flash_attention() -> None:
+    """Register, through transformers' ``AttentionInterface``, FlashAttention functions that work for models
+    without attention sinks (every Qwen3 and Llama) on transformers 5.6.0 (``layers/flash_attention.py``).
+
+    For the distillation teacher (Zebra's MLA calls its FlashAttention function directly). Process-wide,
+    through :func:`register_attention_function`: someone else's registration is kept, a second call
+    changes nothing.
+    """
+    from ..attention_policy import FLASH_ATTENTION_BACKENDS
+    from ..layers.flash_attention import sinkless_flash_attention
+
+    for backend in FLASH_ATTENTION_BACKENDS:
+        register_attention_function(backend, sinkless_flash_attention)
+
+
 def _is_zebra(config: Any) -> bool:
     return getattr(config, "model_type", None) == ZebraConfig.model_type
 

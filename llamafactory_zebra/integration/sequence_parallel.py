@@ -32,13 +32,10 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
+from ..attention_policy import sequence_parallel_accepts_flash_attn
 from ..hparams import zebra_arguments
 from .seams import upstream, wrapped, wrapped_method
 
-# LLaMA-Factory ``flash_attn`` values that reach an attention the SP wrapper can keep samples apart in
-# (``auto`` resolves to sdpa for Zebra; ``disabled`` is eager, whose T x T weights no long run affords).
-# ``fa3`` passes here and is refused by the guards (LLaMA-Factory 0.9.5 cannot load Zebra with it).
-SP_ATTENTION = ("auto", "sdpa", "fa2", "fa3")
 UNSUPPORTED_WITH_SP = (
     ("predict_with_generate", "generation"),
     ("compute_accuracy", "token accuracy (needs whole-row logits)"),
@@ -65,11 +62,11 @@ def check_sequence_parallel_setup(
     if finetuning_args.stage != "sft":
         raise ValueError(f"sequence_parallel_size supports stage: sft, got stage: {finetuning_args.stage}")
     attention = str(getattr(model_args.flash_attn, "value", model_args.flash_attn))
-    if attention not in SP_ATTENTION:
+    if not sequence_parallel_accepts_flash_attn(attention):
         raise ValueError(
             f"flash_attn: {attention} (eager attention) cannot run under sequence_parallel_size: it materialises whole-row "
             f"attention weights per head; use flash_attn: fa2 on GPUs (packed samples via position_ids) or "
-            f"sdpa (block-diagonal mask, for CPU and short rows)"
+            f"sdpa (packed samples via their borders, docs/architecture.md#packed-sequences)"
         )
     if config.num_attention_heads % sp:
         raise ValueError(

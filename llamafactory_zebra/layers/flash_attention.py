@@ -7,9 +7,10 @@ unconditionally, so every model without attention sinks — Zebra included — r
 does what that one does for a sink-less model — transpose to FA's ``[B, T, heads, D]`` layout, cast
 fp32 activations back to the weights' dtype, take ``is_causal`` from the module — and hands everything
 else, packing included, to transformers' ``_flash_attention_forward``, which picks the varlen kernel.
-Zebra's MLA calls it directly; :func:`register_sinkless_flash_attention` puts it behind transformers'
-``AttentionInterface`` for other models loaded in the same process (the distillation teacher). Drop it
-once the transformers floor is past 5.6.0.
+Zebra's MLA calls it directly; ``integration.seams.register_sinkless_flash_attention`` puts
+:func:`sinkless_flash_attention` behind transformers' ``AttentionInterface`` for other models loaded in
+the same process (the distillation teacher). Drop it once the transformers floor is past 5.6.0. Which
+attention implementations exist and who takes which: ``attention_policy.py``.
 """
 
 from __future__ import annotations
@@ -18,39 +19,6 @@ import torch
 from torch import nn
 from transformers.integrations.flash_attention import get_target_dtype
 from transformers.modeling_flash_attention_utils import _flash_attention_forward, flash_attn_supports_top_left_mask
-
-# The attention Zebra takes — the one list; the model, sequence parallelism, the distillation teacher,
-# the planner and the guards read it. As transformers' ``attn_implementation``: FlashAttention gets the
-# packed samples' borders as varlen arguments, eager/sdpa a block-causal mask (``packing.py``).
-FLASH_ATTENTION_BACKENDS = ("flash_attention_2", "flash_attention_3")
-MASK_BACKENDS = ("eager", "sdpa")
-
-# As LLaMA-Factory's ``flash_attn``, with the ``attn_implementation`` it gives a Zebra model: ``auto``
-# keeps transformers' default (sdpa), and ``fa2`` falls back to sdpa when flash-attn is not installed.
-LLAMAFACTORY_FLASH_ATTN = {"auto": "sdpa", "disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2"}
-# LLaMA-Factory values Zebra cannot run with, and why.
-REFUSED_FLASH_ATTN = {
-    "fa3": 'LLaMA-Factory 0.9.5 raises "Unknown attention type" for it when it loads the model, after the dataset '
-    "is tokenised; use flash_attn: fa2 on GPUs (FlashAttention-2's varlen path keeps packed samples apart) or sdpa",
-}
-
-
-def attn_implementation_for(flash_attn: object) -> str:
-    """The ``attn_implementation`` a Zebra model gets from LLaMA-Factory's ``flash_attn`` (a string or its enum).
-
-    >>> attn_implementation_for("fa2"), attn_implementation_for("auto")
-    ('flash_attention_2', 'sdpa')
-    >>> attn_implementation_for("fa3")
-    Traceback (most recent call last):
-    ...
-    ValueError: flash_attn: fa3 is not supported for Zebra: LLaMA-Factory 0.9.5 raises "Unknown attention type" ...
-    """
-    value = str(getattr(flash_attn, "value", flash_attn))
-    if value in REFUSED_FLASH_ATTN:
-        raise ValueError(f"flash_attn: {value} is not supported for Zebra: {REFUSED_FLASH_ATTN[value]}")
-    if value not in LLAMAFACTORY_FLASH_ATTN:
-        raise ValueError(f"flash_attn: {value!r} is not one of {', '.join(LLAMAFACTORY_FLASH_ATTN)}")
-    return LLAMAFACTORY_FLASH_ATTN[value]
 
 
 def flash_attention_forward(
@@ -88,22 +56,7 @@ def flash_attention_forward(
     return output, None
 
 
-def register_sinkless_flash_attention() -> None:
-    """Register, through transformers' ``AttentionInterface``, FlashAttention functions that work for models
-    without attention sinks (every Qwen3 and Llama) on transformers 5.6.0.
-
-    Calls that carry sinks (``s_aux``) still go to transformers' own function, so models that have them
-    are unaffected. The registration is process-wide; it goes through the plugin's inventory of
-    transformers changes (``integration/seams.py``, ``TRANSFORMERS_REGISTRATIONS``), which keeps a function
-    someone else registered and makes a second call change nothing.
-    """
-    from ..integration.seams import register_attention_function
-
-    for backend in FLASH_ATTENTION_BACKENDS:
-        register_attention_function(backend, _flash_attention_with_upstream_sinks)
-
-
-def _flash_attention_with_upstream_sinks(
+def sinkless_flash_attention(
     module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
@@ -111,6 +64,9 @@ def _flash_attention_with_upstream_sinks(
     attention_mask: torch.Tensor | None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
+    """What ``integration.seams.register_sinkless_flash_attention`` puts behind transformers'
+    ``AttentionInterface`` for FlashAttention: calls that carry sinks (``s_aux``) still go to transformers'
+    own function, so models that have them are unaffected; every other call goes to this module's."""
     if kwargs.get("s_aux") is not None:
         from transformers.integrations.flash_attention import flash_attention_forward as upstream_forward
 

@@ -30,7 +30,9 @@ Where the norms sit (``config.mla_norm``):
 
 Attention itself goes through transformers' attention interface, so ``eager``, ``sdpa`` and
 ``flash_attention_2`` (with its varlen path for packed sequences) all work unchanged; FlashAttention
-goes through ``flash_attention.py`` (transformers' FA core without a transformers 5.6.0 bug).
+goes through ``flash_attention.py`` (transformers' FA core without a transformers 5.6.0 bug), and
+packed rows on sdpa through :func:`packed_sdpa_attention`, which reads the samples' borders instead of
+a ``T x T`` mask (``attention_policy.py`` says which kernel runs what).
 
 Decoding (a cache with earlier tokens and a few new queries) takes the absorbed path of DeepSeek-V2
 (§2.1.2 of its report): ``kv_b_proj``'s key half is folded into the queries and its value half into the
@@ -50,10 +52,19 @@ from torch import nn
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from ..attention_policy import (
+    BORDER_KERNELS,
+    EAGER,
+    FLASH_ATTENTION_BACKENDS,
+    PACKED_FLEX,
+    SDPA,
+    packed_attention_kernel,
+)
 from ..configuration_zebra import MLA_NORM_LORA, MLA_NORM_QK_HEAD, ZebraConfig
+from ..ops.packed_attention import flex_packed_attention, per_segment_sdpa
 from ..parallel.attention import ulysses_attention
 from ..rope import mla_softmax_scale
-from .flash_attention import FLASH_ATTENTION_BACKENDS, flash_attention_forward
+from .flash_attention import flash_attention_forward
 from .norms import ZebraRMSNorm
 
 
@@ -120,6 +131,29 @@ def eager_attention_forward(
     weights = nn.functional.dropout(weights, p=dropout, training=module.training)
     output = torch.matmul(weights, value).transpose(1, 2).contiguous()
     return output, weights
+
+
+def packed_sdpa_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """sdpa for packed rows: the samples' borders (``cu_seq_lens_q``, as FlashAttention's varlen path takes
+    them) instead of a ``T x T`` mask, on the kernel ``attention_policy.packed_attention_kernel`` names
+    (``ops/packed_attention.py``). Same contract as transformers' attention functions."""
+    if cu_seq_lens_q is None or attention_mask is not None:
+        raise ValueError("packed sdpa attention takes the samples' borders (cu_seq_lens_q) and no attention mask")
+    if packed_attention_kernel(SDPA, query.device.type) == PACKED_FLEX:
+        if dropout:
+            raise ValueError(f"attention_dropout={dropout} on packed rows: flex_attention has no dropout; set it to 0")
+        return flex_packed_attention(query, key, value, cu_seq_lens_q, scaling), None
+    return per_segment_sdpa(query, key, value, cu_seq_lens_q, scaling, dropout), None
 
 
 class ZebraMLA(nn.Module):
@@ -264,11 +298,7 @@ class ZebraMLA(nn.Module):
                 query_nope, query[..., self.qk_nope_head_dim :], latent, rope_entry, attention_mask
             )
             return self.out_proj(output)
-        attention_interface: Callable = eager_attention_forward
-        if self.config._attn_implementation in FLASH_ATTENTION_BACKENDS:
-            attention_interface = flash_attention_forward
-        elif self.config._attn_implementation not in (None, "eager"):
-            attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+        attention_interface = self.attention_function("cu_seq_lens_q" in kwargs or sp_context is not None, query)
         if past_length > 0 and self.absorbed_decode and attention_interface is not flash_attention_forward:
             output = self.attention_by_key_head(attention_interface, query, latent, rope_entry, attention_mask)
             return self.out_proj(output.reshape(batch, length, -1))
@@ -288,6 +318,18 @@ class ZebraMLA(nn.Module):
             **kwargs,
         )
         return self.out_proj(output.reshape(batch, length, -1))
+
+    def attention_function(self, packed: bool, query: torch.Tensor) -> Callable:
+        """The attention function for this call: FlashAttention (varlen when packed), sdpa on the samples'
+        borders for packed rows when the attention policy says so, else transformers' registered one."""
+        implementation = self.config._attn_implementation
+        if implementation in FLASH_ATTENTION_BACKENDS:
+            return flash_attention_forward
+        if packed and packed_attention_kernel(implementation, query.device.type) in BORDER_KERNELS:
+            return packed_sdpa_attention
+        if implementation in (None, EAGER):
+            return eager_attention_forward
+        return ALL_ATTENTION_FUNCTIONS[implementation]
 
     def attention_by_key_head(
         self,

@@ -1,4 +1,5 @@
-"""Math of the Zebra GDN layer, in fla's layout: fla's Triton kernels on GPUs, PyTorch elsewhere.
+"""Math of the Zebra GDN layer, in fla's layout: fla's Triton kernels on GPUs, PyTorch elsewhere; and MLA's
+causal attention over packed rows on PyTorch's own kernels (``packed_attention.py``, imported from there).
 
 ``ZEBRA_GDN_BACKEND=auto|torch|fla`` selects the implementation (see ``backend.py``). Modules never
 import ``layers/``; layers call these functions. Packed-sample borders (``cu_seqlens``) come from

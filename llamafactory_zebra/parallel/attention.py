@@ -6,10 +6,10 @@ and is registered by overwriting a transformers attention backend process-wide. 
 built per forward from the :class:`~.context.SequenceParallelContext`, so it knows the sample borders
 of the whole rows and hands them to the core attention in the form it reads:
 
-- FlashAttention-2/3: the borders themselves over all ``B * T`` tokens of the whole rows, no mask
-  (``packing.flash_varlen_kwargs``);
-- sdpa / eager: the ``[B, 1, T, T]`` block-diagonal causal mask (quadratic: CPU and short rows only);
-  sdpa gets no mask (its causal flag) when every row is a single sample.
+- FlashAttention-2/3 and sdpa: the borders themselves over all ``B * T`` tokens of the whole rows, no
+  mask (``packing.flash_varlen_kwargs``); sdpa reads them through ``layers/mla.packed_sdpa_attention``,
+  which the layer hands in as ``core_attention`` (``attention_policy.packed_attention_kernel``);
+- eager: the ``[B, 1, T, T]`` block-diagonal causal mask (quadratic: CPU and short rows only).
 
 RoPE has already been applied on each rank with the shard's global positions. Key/value heads that do
 not divide by the SP size are replicated (``repeat_interleave`` keeps each query head on its key head).
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from ..layers.flash_attention import FLASH_ATTENTION_BACKENDS, MASK_BACKENDS
+from ..attention_policy import BORDER_KERNELS, SEQUENCE_PARALLEL_ATTENTION, packed_attention_kernel
 from ..packing import block_causal_mask, flash_varlen_kwargs
 from .collectives import all_to_all
 
@@ -46,14 +46,14 @@ class _HeadSliceView:
 def ulysses_attention(
     context: SequenceParallelContext, core_attention: Callable, attn_implementation: str | None
 ) -> Callable:
-    flash = attn_implementation in FLASH_ATTENTION_BACKENDS
-    if not flash and attn_implementation not in (None, *MASK_BACKENDS):
+    if attn_implementation not in (None, *SEQUENCE_PARALLEL_ATTENTION):
         raise ValueError(
             f"attn_implementation={attn_implementation!r} cannot keep packed samples apart under sequence "
-            f"parallelism; use one of {', '.join(FLASH_ATTENTION_BACKENDS + MASK_BACKENDS)}"
+            f"parallelism; use one of {', '.join(SEQUENCE_PARALLEL_ATTENTION)}"
         )
     group, size = context.layout.group, context.layout.size
-    varlen = flash_varlen_kwargs(context.global_runs) if flash else {}
+    borders = packed_attention_kernel(attn_implementation, context.global_runs.device.type) in BORDER_KERNELS
+    varlen = flash_varlen_kwargs(context.global_runs) if borders else {}
 
     def attend(module, query, key, value, attention_mask, **kwargs):
         heads, kv_heads = query.shape[1], key.shape[1]
@@ -64,11 +64,9 @@ def ulysses_attention(
             key, value = key.repeat_interleave(replicas, dim=1), value.repeat_interleave(replicas, dim=1)
         query, key, value = (all_to_all(x, scatter_dim=1, gather_dim=2, group=group) for x in (query, key, value))
         view = _HeadSliceView(module, query.shape[1] // key.shape[1])
-        if flash:
+        if borders:
             kwargs.pop("position_ids", None)  # this shard's positions; the borders above cover whole rows
             kwargs.update(varlen)
-            mask = None
-        elif attn_implementation == "sdpa" and bool((context.global_runs == 1).all()):
             mask = None
         else:
             mask = block_causal_mask(context.global_runs)

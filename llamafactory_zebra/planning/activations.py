@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..attention_policy import PLANNER_ATTENTION
 from ..configuration_zebra import GDN, MLA, ZebraConfig
 
 FP32 = 4
@@ -34,7 +35,6 @@ GDN_CHUNK = 64
 # Chunk length of this package's PyTorch fused cross-entropy (loss.py's DEFAULT_CHUNK_TOKENS).
 TORCH_CE_CHUNK = 1024
 
-ATTENTION_BACKENDS = ("flash_attention_2", "sdpa")
 GDN_BACKENDS = ("fla", "torch")
 LOSS_BACKENDS = ("liger", "chunked", "unfused")
 
@@ -49,7 +49,7 @@ class Kernels:
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
-            ("attention", self.attention, ATTENTION_BACKENDS),
+            ("attention", self.attention, PLANNER_ATTENTION),
             ("gdn", self.gdn, GDN_BACKENDS),
             ("loss", self.loss, LOSS_BACKENDS),
         ):

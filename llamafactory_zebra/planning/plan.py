@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..attention_policy import PACKED_DENSE_MASK, packed_attention_kernel
 from ..configuration_zebra import ZebraConfig
 from .activations import ActivationEstimate, Kernels, activation_estimate, inference_cache_bytes, loss_memory
 from .hardware import usable_bytes
@@ -99,7 +100,8 @@ class MemoryPlan:
     states: ModelStates
     activations: ActivationEstimate
     packing_mask: float
-    """sdpa/eager with packing: the ``[B, 1, T, T]`` boolean block-diagonal mask the model builds."""
+    """Packing on a dense-mask kernel (``attention_policy.packed_attention_kernel``; for sdpa only when
+    ``ZEBRA_PACKED_SDPA=dense_mask``): the ``[B, 1, T, T]`` boolean block-diagonal mask the model builds."""
     unfused_logits_peak: float
     fused_logits_peak: float
     inference_cache: dict[str, float]
@@ -138,7 +140,9 @@ def make_plan(setup: TrainingSetup) -> MemoryPlan:
     activations = activation_estimate(
         setup.config, tokens, setup.act_bytes, kernels, setup.gradient_checkpointing, setup.checkpoints_on_cpu
     )
-    mask = setup.micro_batch * setup.cutoff_len**2 if setup.packing and setup.attention != "flash_attention_2" else 0
+    # The planner models a GPU: there packed sdpa rows run flex_attention on their borders, no mask.
+    dense_mask = packed_attention_kernel(setup.attention, "cuda") == PACKED_DENSE_MASK
+    mask = setup.micro_batch * setup.cutoff_len**2 if setup.packing and dense_mask else 0
 
     def logits_peak(loss: str) -> float:
         memory = loss_memory(setup.config, tokens, setup.act_bytes, dataclasses.replace(kernels, loss=loss))
@@ -207,7 +211,10 @@ CHANGES: tuple[Change, ...] = (
     ),
     Change(
         "flash_attn: fa2 (packed batches then need no T×T mask)",
-        _when(lambda s: s.packing and s.attention != "flash_attention_2", attention="flash_attention_2"),
+        _when(
+            lambda s: s.packing and packed_attention_kernel(s.attention, "cuda") == PACKED_DENSE_MASK,
+            attention="flash_attention_2",
+        ),
     ),
     Change(
         "gradient checkpointing on (remove disable_gradient_checkpointing)",

@@ -16,12 +16,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..attention_policy import PLANNER_ATTENTION, attn_implementation_for
 from ..configuration_zebra import ZebraConfig
 from ..hparams import pop_zebra_arguments, read_training_yaml
-from ..layers.flash_attention import attn_implementation_for
 from ..presets import PRESET_HUB_IDS, PRESETS
 from ..released import checkpoint_layout, load_checkpoint_config
-from .activations import ATTENTION_BACKENDS as ACTIVATION_BACKENDS
 from .plan import TrainingSetup
 
 
@@ -118,10 +117,10 @@ def setup_from_yaml(
         attention = attn_implementation_for(model_args.flash_attn)
     except ValueError as error:
         raise ValueError(f"{path}: {error}") from None
-    if attention not in ACTIVATION_BACKENDS:
+    if attention not in PLANNER_ATTENTION:
         raise ValueError(
             f"{path}: flash_attn {model_args.flash_attn!s} ({attention} attention) keeps a T×T score matrix per "
-            f"head; the planner models {', '.join(ACTIVATION_BACKENDS)} only"
+            f"head; the planner models {', '.join(PLANNER_ATTENTION)} only"
         )
     if finetuning_args.pure_bf16:
         precision = "pure_bf16"

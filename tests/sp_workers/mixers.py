@@ -120,7 +120,7 @@ def mixers_worker(rank: int, world: int) -> dict[str, float]:
         mla = ZebraMLA(mla_config, layer_idx=0).double()
         local, rows = LAYOUTS[world][0]
         keep_worst(_mla_errors(mla, mla_config, layout, packed_segments(rows)))
-        # One sample per row: sdpa runs with its causal flag instead of a mask.
+        # One sample per row: each row is one segment of the borders sdpa gets.
         keep_worst(_mla_errors(mla, mla_config, layout, packed_segments([[local * world]] * 2)))
     # Every RoPE pairing and MLA norm placement (tiny's default is interleaved + qk_head, covered above).
     local, rows = LAYOUTS[world][0]

@@ -1,0 +1,134 @@
+"""The attention policy: which attention implementations exist for Zebra's MLA and who accepts which.
+
+One table, asked by everything else: the model (how packed rows reach the kernel), sequence
+parallelism, the distillation teacher, the memory planner, the training guards, the planner's YAML
+reader and ``llamafactory-zebra doctor``. A rule module like ``packing.py``: it imports nothing from
+the package, so every folder may ask it.
+
+Names are transformers' ``attn_implementation`` values. How packed rows (several samples in one row,
+``packing.py``) run on each:
+
+- ``flash_attention_2`` / ``flash_attention_3``: FlashAttention's varlen kernel with the samples' borders
+  (``packing.flash_varlen_kwargs``), no mask;
+- ``sdpa``: PyTorch's own kernels with the same borders and no mask (``ops/packed_attention.py``):
+  compiled ``flex_attention`` with a block mask built from the borders on CUDA/ROCm GPUs, one causal
+  ``scaled_dot_product_attention`` call per sample elsewhere. Memory grows linearly with the row;
+- ``eager``: the dense ``[B, 1, T, T]`` block-causal mask (``packing.block_causal_mask``). eager is the
+  plain reference the other paths are tested against, and it builds ``T x T`` scores anyway.
+
+Any other ``attn_implementation`` someone registered with transformers also gets the dense mask.
+"""
+
+from __future__ import annotations
+
+import os
+
+EAGER = "eager"
+SDPA = "sdpa"
+FLASH_ATTENTION_2 = "flash_attention_2"
+FLASH_ATTENTION_3 = "flash_attention_3"
+
+ATTENTION_IMPLEMENTATIONS = (EAGER, SDPA, FLASH_ATTENTION_2, FLASH_ATTENTION_3)
+FLASH_ATTENTION_BACKENDS = (FLASH_ATTENTION_2, FLASH_ATTENTION_3)
+
+# How packed rows run (what ``packed_attention_kernel`` returns).
+PACKED_FLASH_VARLEN = "flash_varlen"
+PACKED_FLEX = "flex_block_mask"
+PACKED_PER_SEGMENT_SDPA = "sdpa_per_segment"
+PACKED_DENSE_MASK = "dense_mask"
+# Kernels that take the samples' borders (``cu_seq_lens_q/k``) instead of a mask.
+BORDER_KERNELS = (PACKED_FLASH_VARLEN, PACKED_FLEX, PACKED_PER_SEGMENT_SDPA)
+
+# ``ZEBRA_PACKED_SDPA=auto|flex|per_segment|dense_mask`` forces sdpa's packed-row kernel: the flex path
+# has not yet run on a GPU in this project's tests (docs/gpu.md), so a user can step around it.
+PACKED_SDPA_ENV_VAR = "ZEBRA_PACKED_SDPA"
+_PACKED_SDPA_CHOICES = {
+    "auto": None,
+    "flex": PACKED_FLEX,
+    "per_segment": PACKED_PER_SEGMENT_SDPA,
+    "dense_mask": PACKED_DENSE_MASK,
+}
+
+# What the memory planner models (``planning/activations.py``): kernels that save q, k, v, output and
+# log-sum-exp for backward. eager keeps a T x T score matrix per head.
+PLANNER_ATTENTION = (FLASH_ATTENTION_2, SDPA)
+# What the Ulysses wrapper (``parallel/attention.py``) keeps exact on whole rows.
+SEQUENCE_PARALLEL_ATTENTION = (EAGER, SDPA, FLASH_ATTENTION_2, FLASH_ATTENTION_3)
+# ... and what ``sequence_parallel_size`` training accepts: eager's whole-row T x T weights per head are
+# what a long run cannot afford.
+SEQUENCE_PARALLEL_TRAINING_ATTENTION = (SDPA, FLASH_ATTENTION_2, FLASH_ATTENTION_3)
+# What the distillation teacher (any transformers model) runs with packed rows kept apart
+# (``distill/teacher.py``: varlen borders for FlashAttention, a 4-D additive mask otherwise).
+DISTILL_TEACHER_ATTENTION = (EAGER, SDPA, FLASH_ATTENTION_2, FLASH_ATTENTION_3)
+
+# As LLaMA-Factory's ``flash_attn``, with the ``attn_implementation`` it gives a Zebra model: ``auto``
+# keeps transformers' default (sdpa), and ``fa2`` falls back to sdpa when flash-attn is not installed.
+LLAMAFACTORY_FLASH_ATTN = {"auto": SDPA, "disabled": EAGER, "sdpa": SDPA, "fa2": FLASH_ATTENTION_2}
+# LLaMA-Factory values Zebra cannot run with, and why.
+REFUSED_FLASH_ATTN = {
+    "fa3": 'LLaMA-Factory 0.9.5 raises "Unknown attention type" for it when it loads the model, after the dataset '
+    "is tokenised; use flash_attn: fa2 on GPUs (FlashAttention-2's varlen path keeps packed samples apart) or sdpa",
+}
+
+
+def attn_implementation_for(flash_attn: object) -> str:
+    """The ``attn_implementation`` a Zebra model gets from LLaMA-Factory's ``flash_attn`` (a string or its enum).
+
+    >>> attn_implementation_for("fa2"), attn_implementation_for("auto")
+    ('flash_attention_2', 'sdpa')
+    >>> attn_implementation_for("fa3")
+    Traceback (most recent call last):
+    ...
+    ValueError: flash_attn: fa3 is not supported for Zebra: LLaMA-Factory 0.9.5 raises "Unknown attention type" ...
+    """
+    value = str(getattr(flash_attn, "value", flash_attn))
+    if value in REFUSED_FLASH_ATTN:
+        raise ValueError(f"flash_attn: {value} is not supported for Zebra: {REFUSED_FLASH_ATTN[value]}")
+    if value not in LLAMAFACTORY_FLASH_ATTN:
+        raise ValueError(f"flash_attn: {value!r} is not one of {', '.join(LLAMAFACTORY_FLASH_ATTN)}")
+    return LLAMAFACTORY_FLASH_ATTN[value]
+
+
+def sequence_parallel_accepts_flash_attn(flash_attn: object) -> bool:
+    """Whether ``sequence_parallel_size`` training takes LLaMA-Factory's ``flash_attn`` value. A refused
+    value (``fa3``) passes here: the guards refuse it with its own reason.
+
+    >>> [sequence_parallel_accepts_flash_attn(v) for v in ("auto", "sdpa", "fa2", "fa3", "disabled")]
+    [True, True, True, True, False]
+    """
+    value = str(getattr(flash_attn, "value", flash_attn))
+    return value in REFUSED_FLASH_ATTN or LLAMAFACTORY_FLASH_ATTN.get(value) in SEQUENCE_PARALLEL_TRAINING_ATTENTION
+
+
+def distill_teacher_attention(student_attention: str | None) -> str:
+    """The ``attn_implementation`` the teacher loads with: the student's when the teacher can keep packed
+    samples apart with it, else sdpa.
+
+    >>> distill_teacher_attention("flash_attention_2"), distill_teacher_attention(None), distill_teacher_attention("flex_attention")
+    ('flash_attention_2', 'sdpa', 'sdpa')
+    """
+    return student_attention if student_attention in DISTILL_TEACHER_ATTENTION else SDPA
+
+
+def packed_attention_kernel(attn_implementation: str | None, device_type: str) -> str:
+    """What MLA attention runs on for packed rows, given the model's ``attn_implementation`` and the
+    device type of its tensors (``"cuda"`` also on ROCm); the one place this choice is made.
+
+    >>> packed_attention_kernel("flash_attention_2", "cuda"), packed_attention_kernel("eager", "cpu")
+    ('flash_varlen', 'dense_mask')
+    >>> packed_attention_kernel("sdpa", "cuda"), packed_attention_kernel("sdpa", "cpu")
+    ('flex_block_mask', 'sdpa_per_segment')
+    """
+    if attn_implementation in FLASH_ATTENTION_BACKENDS:
+        return PACKED_FLASH_VARLEN
+    if attn_implementation != SDPA:
+        return PACKED_DENSE_MASK
+    choice = os.environ.get(PACKED_SDPA_ENV_VAR, "auto").strip().lower() or "auto"
+    if choice not in _PACKED_SDPA_CHOICES:
+        raise ValueError(
+            f"{PACKED_SDPA_ENV_VAR}={choice!r} is not valid; use one of {', '.join(_PACKED_SDPA_CHOICES)}."
+        )
+    forced = _PACKED_SDPA_CHOICES[choice]
+    if forced is not None:
+        return forced
+    return PACKED_FLEX if device_type == "cuda" else PACKED_PER_SEGMENT_SDPA
