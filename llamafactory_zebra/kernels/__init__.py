@@ -3,11 +3,11 @@
 The lowest floor of the package: imports only torch, the standard library and ``importlib.metadata``,
 so every entry point (training, chat, doctor, the ops) can ask it before anything heavy loads.
 ``stack.py`` holds the facts about the machine, ``known_issues.py`` the known-broken combinations (data),
-``resolve.py`` the decisions.
+``resolver.py`` the decisions.
 """
 
 from .known_issues import KNOWN_ISSUES, KnownIssue, VersionRange
-from .resolve import (
+from .resolver import (
     FLA_MISSING,
     INFERENCE,
     NOTE,

@@ -3,7 +3,7 @@
 An entry matches a :class:`~.stack.Stack` when the part it concerns runs the named kernel family, the
 device vendor and compute capability fall in its range, every versioned package is installed within
 its range and the run has the affected phase (``"backward"``: training only; ``"forward"``: every run).
-``resolve.py`` reads the entries; nothing else in the package hard-codes one. Add an entry here when an
+``resolver.py`` reads the entries; nothing else in the package hard-codes one. Add an entry here when an
 upstream bug is confirmed; cite the upstream threads and give fixes a user can run.
 """
 
@@ -44,8 +44,8 @@ class VersionRange:
 @dataclass(frozen=True)
 class KnownIssue:
     key: str
-    part: str  # the resolved part it concerns (``resolve.PARTS``)
-    kernel_family: str  # the kernel family of that part it concerns (``resolve`` labels its choices with one)
+    part: str  # the resolved part it concerns (``resolver.PARTS``)
+    kernel_family: str  # the kernel family of that part it concerns (``resolver`` labels its choices with one)
     summary: str
     vendor: str  # "cuda" or "rocm"
     capability_from: tuple[int, int]  # inclusive

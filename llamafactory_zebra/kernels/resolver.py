@@ -56,14 +56,14 @@ class Resolution:
     def with_severity(self, severity: str) -> list[Problem]:
         return [p for p in self.problems if p.severity == severity]
 
-    def table(self) -> str:
+    def table(self, fixes: bool = True) -> str:
         width = max(len(c.part) for c in self.choices)
         kernel_width = max(len(c.kernel) for c in self.choices)
         lines = [f"kernels for {self.phase} on {self.stack.describe()}:"]
         lines += [f"  {c.part:<{width}}  {c.kernel:<{kernel_width}}  {c.reason}" for c in self.choices]
         for problem in self.problems:
             lines.append(f"  {problem.severity.upper()}: {problem.message}")
-            lines += [f"    fix: {fix}" for fix in problem.fixes]
+            lines += [f"    fix: {fix}" for fix in problem.fixes if fixes]
         return "\n".join(lines)
 
     def stop_message(self) -> str:
@@ -187,13 +187,13 @@ def _issue_problems(
     return []
 
 
-_warned: set[str] = set()
+_emitted: set[str] = set()
 
 
 def emit_once(key: str, message: str, emit: Callable[[str], None]) -> bool:
     """Emit ``message`` the first time ``key`` is seen in this process (entry points and ops share it)."""
-    if key in _warned:
+    if key in _emitted:
         return False
-    _warned.add(key)
+    _emitted.add(key)
     emit(message)
     return True
