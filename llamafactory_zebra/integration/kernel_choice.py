@@ -33,7 +33,7 @@ def resolve_for_run(model_args: Any, *, training: bool, use_cpu: bool = False) -
 
 def report(resolution: Resolution, info: Any, warning: Any) -> None:
     """Log the table once and each warning once; raise with the fixes last when training must not start."""
-    emit_once(f"kernel table {resolution.phase}", f"llamafactory-zebra: {resolution.table()}", info)
+    emit_once(f"kernel table {resolution.phase}", f"llamafactory-zebra: {resolution.table(fixes=False)}", info)
     for problem in resolution.with_severity(WARN):
         emit_once(problem.key or problem.message, f"llamafactory-zebra: {problem.message}", warning)
     if resolution.with_severity(STOP):
