@@ -278,3 +278,33 @@ def test_training_on_a_faked_h200_stops_before_the_model_loads(tmp_path, tiny_mo
     for after_load in ("trainable params", "all params", "Running tokenizer", "Converting format"):
         assert after_load not in output
     assert not (tmp_path / "out").exists()
+
+
+def test_inference_entry_points_get_the_wrapped_parser_and_log_without_stopping(monkeypatch, tiny_model_dir):
+    """chat/api (ChatModel), export and eval-long call ``get_infer_args``: the wrapper resolves for inference."""
+    import importlib
+
+    from llamafactory_zebra.integration import seams
+
+    parser = importlib.import_module("llamafactory.hparams.parser")
+    assert seams.is_wrapped(parser, "get_infer_args")
+    assert importlib.import_module("llamafactory.hparams").get_infer_args is parser.get_infer_args
+    assert importlib.import_module("llamafactory.chat.chat_model").get_infer_args is parser.get_infer_args
+    assert importlib.import_module("llamafactory.train.tuner").get_infer_args is parser.get_infer_args
+
+    monkeypatch.setattr(resolve_module, "_emitted", set())
+    logged = {"info": [], "warning": []}
+    logger = types.SimpleNamespace(info_rank0=logged["info"].append, warning_rank0=logged["warning"].append)
+    monkeypatch.setattr(parser, "logger", logger)
+    monkeypatch.setenv(FAKE_STACK_ENV_VAR, json.dumps(H200_TRITON_36))
+    args = {"model_name_or_path": str(tiny_model_dir), "template": "zebra", "infer_dtype": "float32"}
+    parser.get_infer_args(dict(args))  # the backward-only issue does not stop inference
+    (table,) = logged["info"]
+    assert "kernels for inference on NVIDIA H200" in table and "not affected (forward only)" in table
+    assert logged["warning"] == []
+    monkeypatch.setenv(FAKE_STACK_ENV_VAR, json.dumps(H200_NO_FLA))
+    monkeypatch.setattr(resolve_module, "_emitted", set())
+    parser.get_infer_args(dict(args))
+    parser.get_infer_args(dict(args))
+    (warning,) = logged["warning"]  # once per process, however often the arguments are parsed
+    assert "pip install fla-core" in warning and "0.19x / 0.33x" in warning
