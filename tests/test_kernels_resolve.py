@@ -308,3 +308,21 @@ def test_inference_entry_points_get_the_wrapped_parser_and_log_without_stopping(
     parser.get_infer_args(dict(args))
     (warning,) = logged["warning"]  # once per process, however often the arguments are parsed
     assert "pip install fla-core" in warning and "0.19x / 0.33x" in warning
+
+
+def test_auto_on_a_gpu_tensor_without_fla_warns_once_and_takes_pytorch(monkeypatch):
+    """``ops/backend.py``: the per-tensor fallback is never silent (a stand-in for a CUDA tensor: no GPU here)."""
+    from llamafactory_zebra.ops import backend
+
+    monkeypatch.setattr(resolve_module, "_emitted", set())
+    monkeypatch.setattr(backend, "fla_module", lambda module: None)
+    warnings = []
+    monkeypatch.setattr(backend.logger, "warning", warnings.append)
+    gpu_tensor = types.SimpleNamespace(is_cuda=True, device=types.SimpleNamespace(type="cuda"))
+    assert backend.fla_ops(gpu_tensor, "fla.ops.gated_delta_rule") is None
+    assert backend.fla_ops(gpu_tensor, "fla.ops.gated_delta_rule") is None
+    (warning,) = warnings
+    assert "pip install fla-core" in warning and "0.19x / 0.33x" in warning
+    cpu_tensor = types.SimpleNamespace(is_cuda=False, device=types.SimpleNamespace(type="cpu"))
+    monkeypatch.setattr(resolve_module, "_emitted", set())
+    assert backend.fla_ops(cpu_tensor, "fla.ops.gated_delta_rule") is None and len(warnings) == 1  # CPU: expected
