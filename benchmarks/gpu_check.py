@@ -47,10 +47,9 @@ import torch.nn.functional as F
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from llamafactory_zebra import ZebraConfig, ZebraForCausalLM, ops
-from llamafactory_zebra.kernels import BACKEND_ENV_VAR, KNOWN_ISSUES, STOP, detect_stack, resolve
+from llamafactory_zebra.kernels import BACKEND_ENV_VAR, KNOWN_ISSUES, STOP, Stack, detect_stack, resolve
 from llamafactory_zebra.kernels.resolver import attention_choice, loss_choice
 from llamafactory_zebra.loss import fused_causal_lm_loss
-from llamafactory_zebra.planning.parameters import summarize  # noqa: F401  (tests check MFU against it)
 from llamafactory_zebra.planning.plan import TrainingSetup, make_plan
 
 # Dense bf16 tensor-core peak per device (vendor datasheets); ``--peak-tflops`` for anything else.
@@ -195,7 +194,7 @@ def versions_row(device: str) -> list[dict[str, str]]:
     return [row("versions", f"{name} ({backend})", ", ".join(found))]
 
 
-def kernel_rows(stack) -> list[dict[str, str]]:
+def kernel_rows(stack: Stack) -> list[dict[str, str]]:
     rows = []
     for training in (True, False):
         resolution = resolve(stack, training=training, attn_implementation="flash_attention_2")
@@ -328,10 +327,10 @@ def packed_row(vocab: int, length: int, device: str, samples: int = 4) -> dict[s
 
 def mla_parity(preset: str, length: int, device: str, attention: str) -> list[dict[str, str]]:
     """One MLA layer at full width on a packed row: hidden states and every gradient."""
-    config = layer_config = ZebraConfig.from_preset(preset, num_hidden_layers=1, layer_types=["mla"])
+    config = ZebraConfig.from_preset(preset, num_hidden_layers=1, layer_types=["mla"])
     torch.manual_seed(0)
     with torch.device(device):
-        base = ZebraForCausalLM(layer_config).model
+        base = ZebraForCausalLM(config).model
     batch = packed_row(config.vocab_size, length, device)
     gen = torch.Generator().manual_seed(1)
     weight = torch.randn(1, length, config.hidden_size, generator=gen).to(device)

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import gpu_check  # noqa: E402
 
 from llamafactory_zebra.kernels import FAKE_STACK_ENV_VAR, Stack  # noqa: E402
+from llamafactory_zebra.planning.parameters import summarize  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +108,7 @@ def test_mfu_counts_matmul_parameters_and_causal_attention():
     attention_per_1000 = 3 * config.num_attention_heads * (config.qk_head_dim + config.v_head_dim) * 1000
     assert long - short == pytest.approx(attention_per_1000 * config.layer_types.count("mla"))
     embeddings = config.vocab_size * config.hidden_size  # untied: the input embeddings are not multiplied
-    assert short - attention_per_1000 == pytest.approx(6 * (gpu_check.summarize(config).total - embeddings))
+    assert short - attention_per_1000 == pytest.approx(6 * (summarize(config).total - embeddings))
     dense = gpu_check.build("qwen3", config, "cpu", "sdpa")
     assert dense.config.tie_word_embeddings and dense.config.hidden_size == config.hidden_size
     # Tied: the one matrix is the output head, counted once.
