@@ -6,7 +6,7 @@
 # inference) and any known-broken combination; parity of the GDN chunk / recurrent / conv ops and one MLA
 # layer at Zebra's real shapes (bf16 fast path vs fp32 PyTorch, over the bf16 PyTorch path's own error);
 # the 28-layer Zebra against a same-width Qwen3-1.7B training step at 8k and 32k, Zebra alone at 128k;
-# the decode step at 1k and 32k context. The whole table fits in 480 s, compilation included.
+# the decode step at 1k and 32k context. Row limits add up to 445 s: the table fits 480 s, compilation included.
 # Needs: pip install -e '.[gpu,test]' (fla-core, liger-kernel; flash-attn if you have a build).
 # Then the vLLM row (benchmarks/gpu_check_vllm.py, in the vLLM venv of scripts/vllm_env.sh, at most 4 more
 # minutes): bf16 log-prob parity with the HF model within 3x bf16's own noise, and output tokens/s. It

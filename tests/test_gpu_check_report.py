@@ -135,3 +135,14 @@ def test_a_blocked_stack_reports_the_issue_and_trains_on_the_pytorch_path(monkey
 def test_gpu_run_refuses_without_gpu():
     with pytest.raises(SystemExit, match="no CUDA/ROCm GPU"):
         gpu_check.main([])
+
+
+def test_gpu_row_limits_fit_the_shell_timeout_with_room_for_start_up():
+    shell = (Path(gpu_check.__file__).parent / "gpu_check.sh").read_text()
+    (timeout,) = map(int, re.findall(r"timeout (\d+) python -u benchmarks/gpu_check.py", shell))
+    sizes, budgets = gpu_check.GPU, gpu_check.GPU.budgets
+    rows = {"kernels": 1, "gdn chunk": 1, "gdn recurrent": 1, "conv": 1, "mla": 1}
+    rows |= {"train": len(sizes.train_lengths + sizes.zebra_only_lengths), "decode": len(sizes.decode_contexts)}
+    assert set(rows) == set(budgets)
+    total = sum(budgets[kind] * count for kind, count in rows.items())
+    assert timeout == 480 and total <= timeout - 30  # imports and CUDA start-up come before the first row
