@@ -211,8 +211,8 @@ def test_doctor_kernel_checks_on_a_faked_h200(monkeypatch):
         assert "PyTorch chunked GDN" in check.detail
 
 
-def _model_args(flash_attn="auto", liger=True):
-    return types.SimpleNamespace(flash_attn=flash_attn, enable_liger_kernel=liger)
+def _model_args(path="amd/HyLo-Qwen-7MLA21GDN-64K", flash_attn="auto", liger=True):
+    return types.SimpleNamespace(model_name_or_path=path, flash_attn=flash_attn, enable_liger_kernel=liger)
 
 
 def test_training_step_raises_with_the_fixes_last_and_logs_the_table_once(monkeypatch):
@@ -226,8 +226,10 @@ def test_training_step_raises_with_the_fixes_last_and_logs_the_table_once(monkey
         kernel_choice.training_kernel_step(_model_args(), types.SimpleNamespace(use_cpu=False), logger)
     assert str(stopped.value).splitlines()[-3].startswith('  1. upgrade Triton: pip install "triton>=3.7.1"')
     assert len(logged) == 1 and "kernels for training on NVIDIA H200" in logged[0]
-    # use_cpu: true trains on the CPU whatever the GPU: nothing to stop.
+    # use_cpu: true trains on the CPU whatever the GPU: nothing to stop; other models are left alone.
     kernel_choice.training_kernel_step(_model_args(), types.SimpleNamespace(use_cpu=True), logger)
+    kernel_choice.training_kernel_step(_model_args("Qwen/Qwen3-1.7B"), types.SimpleNamespace(use_cpu=False), logger)
+    assert len(logged) == 1  # the table is logged once per process and phase
 
 
 SLOW_ENV = {"DISABLE_VERSION_CHECK": "1", "OMP_NUM_THREADS": "1"}

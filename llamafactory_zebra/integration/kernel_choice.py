@@ -1,7 +1,8 @@
 """Kernel resolution at LLaMA-Factory's entry points: before a Zebra model loads, say which kernels it gets.
 
-``get_train_args`` (``llamafactory-cli train``, distillation, the web UI's training runs) resolves for
-training inside ``training.guard_step`` and raises on a known-broken combination, so the run stops
+For a Zebra model (a local checkpoint or one of AMD's released hub ids), ``get_train_args``
+(``llamafactory-cli train``, distillation, the web UI's training runs) resolves for training
+(``training.py``, before the guard rails) and raises on a known-broken combination, so the run stops
 before the model or the data load, with the fixes as the last lines. ``get_infer_args`` (``chat``,
 ``api``, ``export``, the web UI's chat, ``llamafactory-zebra eval-long``) is wrapped here to resolve for
 inference: forward only, so a backward-only problem does not apply; it only logs. The table is logged
@@ -16,8 +17,14 @@ from typing import Any
 
 from ..kernels import STOP, WARN, Resolution, detect_stack, emit_once, resolve
 from ..layers.flash_attention import attn_implementation_for
+from ..presets import PRESET_HUB_IDS
 from ..released import checkpoint_layout
 from .seams import upstream, wrap
+
+
+def is_zebra_model(model_name_or_path: str | None) -> bool:
+    """A local Zebra checkpoint (either layout) or one of AMD's released hub ids (not downloaded yet)."""
+    return bool(checkpoint_layout(model_name_or_path)) or model_name_or_path in PRESET_HUB_IDS.values()
 
 
 def resolve_for_run(model_args: Any, *, training: bool, use_cpu: bool = False) -> Resolution:
@@ -41,6 +48,8 @@ def report(resolution: Resolution, info: Any, warning: Any) -> None:
 
 
 def training_kernel_step(model_args: Any, training_args: Any, logger: Any) -> None:
+    if not is_zebra_model(model_args.model_name_or_path):
+        return
     resolution = resolve_for_run(model_args, training=True, use_cpu=bool(getattr(training_args, "use_cpu", False)))
     report(resolution, logger.info_rank0, logger.warning_rank0)
 
@@ -52,7 +61,7 @@ def on_parser_loaded(parser: ModuleType) -> None:
     def zebra_get_infer_args(args=None):
         parsed = get_infer_args(args)
         model_args = parsed[0]
-        if checkpoint_layout(model_args.model_name_or_path):
+        if is_zebra_model(model_args.model_name_or_path):
             report(resolve_for_run(model_args, training=False), parser.logger.info_rank0, parser.logger.warning_rank0)
         return parsed
 

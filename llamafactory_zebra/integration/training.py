@@ -11,9 +11,10 @@ One wrapper runs the steps in this order (each step lives with its feature):
    — ``sequence_parallel.py``;
 4. tiled MLP: the setup is checked — ``tiled_mlp.py``;
 4b. distillation: the settings are checked (it refuses SP and tiled MLP) — ``distill.py``;
-5. guard rails, for Zebra checkpoints: the kernels are resolved for training (``kernel_choice.py``:
+5. kernels, for Zebra models (local or AMD's hub ids): resolved for training (``kernel_choice.py``);
    a known-broken kernel/Triton/GPU combination stops the run here, before the model loads, with the
-   fixes as the last lines), neat-packing masks stay 2-D (the model isolates samples itself,
+   fixes as the last lines;
+6. guard rails, for Zebra checkpoints: neat-packing masks stay 2-D (the model isolates samples itself,
    so the O(L²) 4-D mask LLaMA-Factory builds for non-FA2 backends is not needed), then
    ``guards.check_training_setup`` — which reads the stored keys, and names the YAML file (or the
    command line) the arguments came from — then ``resume_from_last_complete_checkpoint`` points
@@ -64,7 +65,6 @@ def guard_step(parsed: TrainArgs, config: ZebraConfig | None, arguments: str, lo
     if config is None:
         return
     model_args, data_args, training_args, finetuning_args, _ = parsed
-    training_kernel_step(model_args, training_args, logger)
     model_args.block_diag_attn = False
     for warning in check_training_setup(
         model_args, data_args, training_args, finetuning_args, config, arguments=arguments
@@ -88,6 +88,7 @@ def on_parser_loaded(parser: ModuleType) -> None:
         sequence_parallel_step(zebra.sequence_parallel_size, parsed, config, parser.logger)
         tiled_mlp_step(zebra.tiled_mlp, parsed)
         distill_step(zebra, parsed, parser.logger)
+        training_kernel_step(parsed[0], parsed[2], parser.logger)
         guard_step(parsed, config, arguments, parser.logger)
         if needs_trainer_wrapper(zebra):
             from llamafactory.train.sft import workflow
