@@ -12,6 +12,7 @@ once per process at info level and each warning once (``kernels.emit_once``, sha
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -38,7 +39,7 @@ def resolve_for_run(model_args: Any, *, training: bool, use_cpu: bool = False) -
     )
 
 
-def report(resolution: Resolution, info: Any, warning: Any) -> None:
+def report(resolution: Resolution, info: Callable[[str], None], warning: Callable[[str], None]) -> None:
     """Log the table once and each warning once; raise with the fixes last when training must not start."""
     emit_once(f"kernel table {resolution.phase}", f"llamafactory-zebra: {resolution.table(fixes=False)}", info)
     for problem in resolution.with_severity(WARN):
