@@ -1,4 +1,8 @@
-"""``llamafactory-zebra doctor``: runs the environment checks (``environment/checks.py``) and prints them."""
+"""``llamafactory-zebra doctor``: runs the environment checks (``environment/checks.py``) and prints them.
+
+The kernel checks resolve for the machine ``ZEBRA_FAKE_STACK`` describes when it is set (a test and
+diagnosis aid, ``kernels/stack.py``); the other checks always look at this machine.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,17 @@ import json
 import sys
 from dataclasses import asdict
 
-from ..environment.checks import FAIL, OK, WARN, all_checks, exit_code, inspect_machine, render, run_checks
+from ..environment.checks import (
+    FAIL,
+    OK,
+    WARN,
+    all_checks,
+    exit_code,
+    inspect_machine,
+    kernel_resolution,
+    render,
+    run_checks,
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -30,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
     code = exit_code(results)
     if args.json:
         counts = {s: sum(r.status == s for r in results) for s in (OK, WARN, FAIL)}
-        print(json.dumps({"checks": [asdict(r) for r in results], "summary": counts, "exit_code": code}, indent=2))
+        kernels = {r.phase: r.as_dict() for r in (kernel_resolution(True), kernel_resolution(False))}
+        report = {"checks": [asdict(r) for r in results], "kernels": kernels, "summary": counts, "exit_code": code}
+        print(json.dumps(report, indent=2))
     else:
         print(render(results))
     return code

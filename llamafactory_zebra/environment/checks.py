@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ..kernels import NOTE, STOP, Resolution, detect_stack, resolve
 from .rocm_settings import rocm_env_file, rocm_settings
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -205,6 +206,28 @@ def check_fla(m: Machine) -> Check:
     return Check("fla (GDN kernels)", OK if m.has_gpu else WARN, detail + ("" if m.has_gpu else "; no GPU to run on"))
 
 
+# The settings doctor resolves kernels for, having no YAML: the recipe's (flash_attn: fa2, enable_liger_kernel).
+DOCTOR_ATTENTION, DOCTOR_LIGER = "flash_attention_2", True
+
+
+def kernel_resolution(training: bool) -> Resolution:
+    """The kernels a run of the recipe's settings gets on this machine (or ``ZEBRA_FAKE_STACK``'s)."""
+    return resolve(detect_stack(), training=training, attn_implementation=DOCTOR_ATTENTION, liger_enabled=DOCTOR_LIGER)
+
+
+def check_kernels(m: Machine, training: bool) -> Check:
+    """Which kernel each part gets and why; a combination that stops training fails the training check."""
+    resolution = kernel_resolution(training)
+    name = f"kernels ({resolution.phase})"
+    lines = resolution.table(fixes=False).splitlines()
+    detail = "\n".join([lines[0].removeprefix(f"kernels for {resolution.phase} ").rstrip(":"), *lines[1:]])
+    stops = resolution.with_severity(STOP)
+    if stops:
+        return Check(name, FAIL, detail, "\n".join(fix for p in stops for fix in p.fixes))
+    warned = [p for p in resolution.problems if p.severity not in (STOP, NOTE)]
+    return Check(name, WARN if warned else OK, detail)
+
+
 def check_liger(m: Machine) -> Check:
     try:
         liger = importlib.metadata.version("liger-kernel")
@@ -371,6 +394,8 @@ def all_checks(require_gpu: bool) -> list[Callable[[Machine], Check]]:
         check_flash_attn,
         check_fla,
         check_liger,
+        lambda m: check_kernels(m, training=True),
+        lambda m: check_kernels(m, training=False),
         check_deepspeed,
         check_collective_env,
         check_torchrun,
@@ -390,10 +415,11 @@ def exit_code(results: Iterable[Check]) -> int:
 def render(results: list[Check]) -> str:
     width = max(len(r.name) for r in results)
     lines = [f"{'check':<{width}}  status  detail"]
+    indent = " " * (width + 10)
     for r in results:
-        lines.append(f"{r.name:<{width}}  {r.status:<6}  {r.detail}")
+        lines.append(f"{r.name:<{width}}  {r.status:<6}  " + r.detail.replace("\n", "\n" + indent))
         if r.fix and r.status != OK:
-            lines.append(f"{'':<{width}}  {'':<6}  fix: {r.fix}")
+            lines.append(f"{indent}fix: " + r.fix.replace("\n", f"\n{indent}fix: "))
     counts = {s: sum(r.status == s for r in results) for s in (OK, WARN, FAIL)}
     lines.append(f"\n{counts[OK]} ok, {counts[WARN]} warn, {counts[FAIL]} fail")
     lines.append(

@@ -14,7 +14,7 @@ from types import ModuleType
 from llamafactory_zebra_hook import DISABLE_ENV
 
 from .. import __version__
-from . import chat_exit, datasets, launcher, seams, training, webui, worker_exit
+from . import chat_exit, datasets, kernel_choice, launcher, seams, training, webui, worker_exit
 
 _announced = False
 
@@ -27,7 +27,7 @@ HANDLERS: dict[str, tuple[Callable[[ModuleType], None], ...]] = {
     "llamafactory.data.loader": (datasets.on_loader_module_loaded,),
     "llamafactory.model.loader": (seams.patch_loader,),
     "llamafactory.model.patcher": (seams.patch_rope,),
-    "llamafactory.hparams.parser": (training.on_parser_loaded,),
+    "llamafactory.hparams.parser": (training.on_parser_loaded, kernel_choice.on_parser_loaded),
     "llamafactory.launcher": (launcher.on_launcher_loaded,),
     "llamafactory.webui.common": (datasets.on_webui_common_loaded,),
     "llamafactory.webui.interface": (webui.on_interface_loaded,),

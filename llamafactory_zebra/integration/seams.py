@@ -23,6 +23,7 @@ Seams (module → name):
   ``rope_theta`` and YaRN's ``mscale`` keys, and writes a float ``max_position_embeddings`` that strict
   transformers-5 configs reject; for Zebra the same rule runs here without either problem.
 - ``hparams.parser.get_train_args``: see ``training.py``.
+- ``hparams.parser.get_infer_args``: chat, API, export, eval-long log the resolved kernels (``kernel_choice.py``).
 - ``launcher.launch``: ``llamafactory-cli train`` checks the plugin's keys against the world size before
   torchrun starts (``launcher.py``).
 """
@@ -62,6 +63,7 @@ UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("llamafactory.extras.misc", "use_kt", ()),
     ("llamafactory.hparams.parser", "get_train_args", ("args",)),
     ("llamafactory.hparams.parser", "read_args", ("args",)),
+    ("llamafactory.hparams.parser", "get_infer_args", ("args",)),
     ("llamafactory.data.converter", "register_dataset_converter", ("name", "dataset_converter")),
     ("llamafactory.data.converter", "get_dataset_converter", ("name", "dataset_attr", "data_args")),
     ("llamafactory.data.parser", "get_dataset_list", ("dataset_names", "dataset_dir")),

@@ -11,7 +11,10 @@ One wrapper runs the steps in this order (each step lives with its feature):
    — ``sequence_parallel.py``;
 4. tiled MLP: the setup is checked — ``tiled_mlp.py``;
 4b. distillation: the settings are checked (it refuses SP and tiled MLP) — ``distill.py``;
-5. guard rails, for Zebra checkpoints: neat-packing masks stay 2-D (the model isolates samples itself,
+5. kernels, for Zebra models (local or AMD's hub ids): resolved for training (``kernel_choice.py``);
+   a known-broken kernel/Triton/GPU combination stops the run here, before the model loads, with the
+   fixes as the last lines;
+6. guard rails, for Zebra checkpoints: neat-packing masks stay 2-D (the model isolates samples itself,
    so the O(L²) 4-D mask LLaMA-Factory builds for non-FA2 backends is not needed), then
    ``guards.check_training_setup`` — which reads the stored keys, and names the YAML file (or the
    command line) the arguments came from — then ``resume_from_last_complete_checkpoint`` points
@@ -34,6 +37,7 @@ from ..released import checkpoint_layout, load_checkpoint_config
 from .config_conflicts import arguments_source
 from .distill import distill_step
 from .guards import check_training_setup
+from .kernel_choice import training_kernel_step
 from .resume import resume_from_last_complete_checkpoint
 from .seams import is_wrapped, upstream, wrap
 from .sequence_parallel import check_sequence_parallel_setup, sequence_parallel_trainer
@@ -84,6 +88,7 @@ def on_parser_loaded(parser: ModuleType) -> None:
         sequence_parallel_step(zebra.sequence_parallel_size, parsed, config, parser.logger)
         tiled_mlp_step(zebra.tiled_mlp, parsed)
         distill_step(zebra, parsed, parser.logger)
+        training_kernel_step(parsed[0], parsed[2], parser.logger)
         guard_step(parsed, config, arguments, parser.logger)
         if needs_trainer_wrapper(zebra):
             from llamafactory.train.sft import workflow

@@ -9,20 +9,26 @@ CPU tensors reach fla only on explicit request under Triton's CPU interpreter: `
 together with ``TRITON_INTERPRET=1`` (Triton's own switch, read when triton is first imported). That
 runs fla's real Triton kernels, slowly, on the CPU, which is how the test suite proves the GPU path
 without a GPU (``tests/test_kernels_triton_interpreter.py``, ``docs/gpu.md``). ``auto`` never does it.
+
+The switch itself and the run-level decision (which kernel each part will use on this machine, and
+which known-broken combinations stop a run) live in ``llamafactory_zebra.kernels``; this module makes
+the per-tensor call. ``auto`` on a GPU tensor without fla falls back to PyTorch with one warning per
+process (the same one the entry points give), never silently.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import os
+import logging
 from types import ModuleType
 
 import torch
 
-BACKEND_ENV_VAR = "ZEBRA_GDN_BACKEND"
-TRITON_INTERPRET_ENV_VAR = "TRITON_INTERPRET"
-_CHOICES = ("auto", "torch", "fla")
+from ..kernels import BACKEND_ENV_VAR, FLA_MISSING, emit_once, fla_missing_message
+from ..kernels.switches import TRITON_INTERPRET_ENV_VAR, requested_backend, triton_interpreter_enabled
+
+logger = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -32,18 +38,6 @@ def fla_module(module: str) -> ModuleType | None:
         return importlib.import_module(module)
     except Exception:  # Triton/driver problems surface as many exception types; all mean "not usable".
         return None
-
-
-def requested_backend() -> str:
-    choice = os.environ.get(BACKEND_ENV_VAR, "auto").strip().lower() or "auto"
-    if choice not in _CHOICES:
-        raise ValueError(f"{BACKEND_ENV_VAR}={choice!r} is not valid; use one of {', '.join(_CHOICES)}.")
-    return choice
-
-
-def triton_interpreter_enabled() -> bool:
-    """Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, as triton itself parses it)."""
-    return os.environ.get(TRITON_INTERPRET_ENV_VAR, "0").strip().lower() in ("1", "true", "on", "yes")
 
 
 def fla_ops(tensor: torch.Tensor, *modules: str) -> ModuleType | None:
@@ -68,4 +62,6 @@ def fla_ops(tensor: torch.Tensor, *modules: str) -> ModuleType | None:
             f"{BACKEND_ENV_VAR}=fla but fla ({' or '.join(modules)}) cannot run on {where}; "
             "install `fla-core` on a GPU machine or set it to auto/torch."
         )
+    if found is None and tensor.is_cuda:
+        emit_once(FLA_MISSING, fla_missing_message(), logger.warning)
     return found

@@ -1,0 +1,69 @@
+"""Kernel resolution at LLaMA-Factory's entry points: before a Zebra model loads, say which kernels it gets.
+
+For a Zebra model (a local checkpoint or one of AMD's released hub ids), ``get_train_args``
+(``llamafactory-cli train``, distillation, the web UI's training runs) resolves for training
+(``training.py``, before the guard rails) and raises on a known-broken combination, so the run stops
+before the model or the data load, with the fixes as the last lines. ``get_infer_args`` (``chat``,
+``api``, ``export``, the web UI's chat, ``llamafactory-zebra eval-long``) is wrapped here to resolve for
+inference: forward only, so a backward-only problem does not apply; it only logs. The table is logged
+once per process at info level and each warning once (``kernels.emit_once``, shared with the ops).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from ..attention_policy import attn_implementation_for
+from ..kernels import STOP, WARN, Resolution, detect_stack, emit_once, resolve
+from ..presets import PRESET_HUB_IDS
+from ..released import checkpoint_layout
+from .seams import upstream, wrap
+
+
+def is_zebra_model(model_name_or_path: str | None) -> bool:
+    """A local Zebra checkpoint (either layout) or one of AMD's released hub ids (not downloaded yet)."""
+    return bool(checkpoint_layout(model_name_or_path)) or model_name_or_path in PRESET_HUB_IDS.values()
+
+
+def resolve_for_run(model_args: Any, *, training: bool, use_cpu: bool = False) -> Resolution:
+    """The kernels this run's model will use, from its LLaMA-Factory arguments and this machine."""
+    stack = detect_stack()
+    return resolve(
+        stack.on_cpu() if use_cpu else stack,
+        training=training,
+        attn_implementation=attn_implementation_for(model_args.flash_attn),
+        liger_enabled=bool(getattr(model_args, "enable_liger_kernel", False)),
+    )
+
+
+def report(resolution: Resolution, info: Callable[[str], None], warning: Callable[[str], None]) -> None:
+    """Log the table once and each warning once; raise with the fixes last when training must not start."""
+    emit_once(f"kernel table {resolution.phase}", f"llamafactory-zebra: {resolution.table(fixes=False)}", info)
+    for problem in resolution.with_severity(WARN):
+        emit_once(problem.key or problem.message, f"llamafactory-zebra: {problem.message}", warning)
+    if resolution.with_severity(STOP):
+        raise ValueError(resolution.stop_message())
+
+
+def training_kernel_step(model_args: Any, training_args: Any, logger: Any) -> None:
+    if not is_zebra_model(model_args.model_name_or_path):
+        return
+    resolution = resolve_for_run(model_args, training=True, use_cpu=bool(getattr(training_args, "use_cpu", False)))
+    report(resolution, logger.info_rank0, logger.warning_rank0)
+
+
+def on_parser_loaded(parser: ModuleType) -> None:
+    get_infer_args = upstream(parser, "get_infer_args")
+
+    @functools.wraps(get_infer_args)
+    def zebra_get_infer_args(args=None):
+        parsed = get_infer_args(args)
+        model_args = parsed[0]
+        if is_zebra_model(model_args.model_name_or_path):
+            report(resolve_for_run(model_args, training=False), parser.logger.info_rank0, parser.logger.warning_rank0)
+        return parsed
+
+    wrap(parser, "get_infer_args", zebra_get_infer_args)
