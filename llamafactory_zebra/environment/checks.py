@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..kernels import NOTE, STOP, Resolution, detect_stack, resolve
+from ..kernels import NOTE, STOP, Resolution, detect_stack, fla_missing_message, resolve
 from .rocm_settings import rocm_env_file, rocm_settings
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -158,9 +158,12 @@ def check_flash_attn(m: Machine) -> Check:
             "ROCm: build ROCm/flash-attention with GPU_ARCHS=gfx942 (CK) or set FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE; "
             "CUDA: pip install flash-attn --no-build-isolation"
         )
-        status = WARN if not m.has_gpu else FAIL
+        # Packed rows then run sdpa on the samples' borders (attention_policy: flex_attention on a GPU).
         return Check(
-            "flash-attn", status, f"not importable ({type(error).__name__}); packed long sequences need it", fix
+            "flash-attn",
+            WARN,
+            f"not importable ({type(error).__name__}); packed rows use sdpa on the samples' borders instead",
+            fix,
         )
     backend = (
         "Triton (AMD)" if os.environ.get("FLASH_ATTENTION_TRITON_AMD_ENABLE", "").upper() == "TRUE" else "CK/CUDA"
@@ -194,12 +197,11 @@ def check_fla(m: Machine) -> Check:
         importlib.import_module("fla.ops.gated_delta_rule")
         triton = importlib.import_module("triton")
     except Exception as error:  # Triton/driver problems surface as many exception types
-        status = FAIL if m.has_gpu else WARN
+        # A warning, not a failure: training runs, on the PyTorch path, at the cost the kernel report states.
         return Check(
             "fla (GDN kernels)",
-            status,
-            f"not importable ({type(error).__name__}): GDN layers use the PyTorch path, which keeps every "
-            "64-token chunk's state and cannot reach long contexts",
+            WARN,
+            f"not importable ({type(error).__name__})" + (f": {fla_missing_message()}" if m.has_gpu else ""),
             "pip install fla-core (needs Triton; on ROCm the Triton that ships with the ROCm torch wheel)",
         )
     detail = f"fla {getattr(fla, '__version__', '?')}, triton {triton.__version__}"
