@@ -1,0 +1,176 @@
+"""Chunked gated delta rule as whole-chunk tensor work plus one GEMM per chunk step: the GPU-shaped PyTorch path.
+
+Why this exists next to ``chunk.py``: that op is tuned for CPU threads (in-place state updates, a
+hand-written backward, a step loop whose width shrinks as packed sequences end). On a GPU each of its
+chunk steps is several small kernels forward and more backward, and its Python step loop carries the
+whole V-sized update. Here the chunk-to-chunk recurrence is first turned into an affine map per chunk,
+computed for every chunk at once, so the only sequential part is one ``baddbmm`` per chunk step::
+
+    S_{c+1} = M_c S_c + B_c,   M_c = exp(gamma_C) I - Kd^T W,   B_c = Kd^T U
+
+with, per chunk of C tokens (gamma = in-chunk cumsum of g, Gamma_ij = exp(gamma_i - gamma_j) for
+j <= i, q already scaled; the WY/UT form of fla's ``ops/gated_delta_rule/chunk.py``, as in ``chunk.py``)::
+
+    T  = (I + strictly_lower(diag(beta) (K K^T * Gamma)))^-1
+    W  = T diag(beta exp(gamma)) K      U = T diag(beta) V      Kd = diag(exp(gamma_C - gamma)) K
+    O  = diag(exp(gamma)) Q S_c + lower(Q K^T * Gamma) (U - W S_c)
+
+Everything but the step loop (the decays, Gram matrices, the batched triangular solve, M, B and the
+outputs from the kept states) runs on a static ``[chunks, H, C, D]`` layout in a fixed number of
+batched ops, so ``torch.compile`` can fuse it and its op count does not grow with length or segment
+count. The step loop has static shapes too: every packed segment takes part in every step (a segment
+that has run out of chunks steps through the identity map), so the step is one shape for the whole
+call. Autograd differentiates it (the loop's backward is two GEMMs per step). The price is FLOPs in
+the loop (K x K x V per chunk instead of 2 C x K x V: 2x at Zebra's K = 256, C = 64) and a ``[K, K]``
+matrix per chunk kept for the backward; on a GPU the loop is bound by launches, not FLOPs.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from ..segments import segment_bounds
+from .checks import check_gdn_inputs, compute_dtype, l2norm
+from .plan import ChunkPlan, make_chunk_plan
+
+CHUNK_SIZE = 64
+
+
+def chunk_transitions(
+    qc: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, gc: torch.Tensor, bc: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, ...]:
+    """Per-chunk quantities of all chunks at once from ``[chunks, H, C, D]`` (``gc``, ``bc``: ``[chunks, H, C]``).
+
+    Returns ``(M, B, Q exp(gamma) scale, W, U, in-chunk attention)``; M is ``[chunks, H, K, K]``, B is
+    ``[chunks, H, K, V]``.
+    """
+    size = qc.shape[-2]
+    gamma = gc.cumsum(-1)
+    above = torch.ones(size, size, dtype=torch.bool, device=qc.device).triu(1)
+    decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(above, float("-inf")).exp()
+    strict = ((kc @ kc.mT) * decay * bc[..., None]).tril(-1)
+    eye = torch.eye(size, dtype=qc.dtype, device=qc.device)
+    inverse = torch.linalg.solve_triangular(strict + eye, eye.expand_as(strict), upper=False, unitriangular=True)
+    exp_gamma = gamma.exp()
+    w = inverse @ (kc * (bc * exp_gamma)[..., None])
+    u = inverse @ (vc * bc[..., None])
+    kd = kc * (gamma[..., -1:] - gamma).exp()[..., None]
+    transition = gamma[..., -1, None, None].exp() * torch.eye(kc.shape[-1], dtype=qc.dtype, device=qc.device)
+    transition = transition - kd.mT @ w
+    offset = kd.mT @ u
+    q_decayed = qc * (scale * exp_gamma)[..., None]
+    attention = (qc @ kc.mT) * decay * scale
+    return transition, offset, q_decayed, w, u, attention
+
+
+def chunk_outputs(
+    states: torch.Tensor, q_decayed: torch.Tensor, w: torch.Tensor, u: torch.Tensor, attention: torch.Tensor
+) -> torch.Tensor:
+    """``O = Q_decayed S + A (U - W S)`` for every chunk, from the state entering it (``[chunks, H, K, V]``)."""
+    return q_decayed @ states + attention @ (u - w @ states)
+
+
+@functools.cache
+def _compiled(function: Callable) -> Callable:
+    """``torch.compile`` once per function; chunk counts vary per call, so shapes are marked dynamic."""
+    return torch.compile(function, dynamic=True)
+
+
+def step_layout(plan: ChunkPlan) -> torch.Tensor:
+    """``[steps, N]``: chunk id advanced by each sorted sequence at each step, ``plan.num_chunks`` (identity) when done.
+
+    Built from ``plan.steps`` (one entry per step, computed once per call): the loop body then has one
+    shape for all steps.
+    """
+    num_seqs = len(plan.order)
+    firsts = torch.tensor([first for first, _ in plan.steps], dtype=torch.int64)
+    actives = torch.tensor([active for _, active in plan.steps], dtype=torch.int64)
+    ranks = torch.arange(num_seqs)
+    layout = torch.where(ranks < actives[:, None], firsts[:, None] + ranks, plan.num_chunks)
+    return layout.to(plan.order.device)
+
+
+def run_steps(transition: torch.Tensor, offset: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """Apply ``S <- M_j S + B_j`` for each step j; return the states entering every step and the last one.
+
+    ``transition`` ``[steps, N*H, K, K]``, ``offset`` ``[steps, N*H, K, V]``, ``state`` ``[N*H, K, V]``.
+    Returns ``[steps + 1, N*H, K, V]``. The per-step operands come from ``unbind`` (one autograd node
+    for all steps), never from indexing in the loop, whose backward would write a full-size gradient
+    per step.
+    """
+    states = [state]
+    for m, b in zip(transition.unbind(0), offset.unbind(0), strict=True):
+        state = torch.baddbmm(b, m, state)
+        states.append(state)
+    return torch.stack(states)
+
+
+def chunk_gated_delta_rule_parallel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    *,
+    cu_seqlens: torch.Tensor | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    compile: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The GPU-shaped PyTorch path of :func:`~llamafactory_zebra.ops.chunk_gated_delta_rule` (same contract).
+
+    Computed in fp32 (fp64 for fp64 inputs), differentiated by autograd. ``compile=True`` runs the
+    whole-chunk parts through ``torch.compile`` (the step loop stays eager: one ``baddbmm`` a step).
+    """
+    check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
+    batch, seq_len, heads, key_dim = q.shape
+    value_dim = v.shape[-1]
+    dtype = compute_dtype(q.dtype)
+    scale = key_dim**-0.5 if scale is None else float(scale)
+    starts, lengths = segment_bounds(batch, seq_len, cu_seqlens)
+    plan = make_chunk_plan(starts, lengths, CHUNK_SIZE, q.device)
+    num_seqs = len(plan.order)
+
+    qf, kf, vf, gf, bf = (t.flatten(0, 1).to(dtype) for t in (q, k, v, g, beta))
+    if use_qk_l2norm_in_kernel:
+        qf, kf = l2norm(qf), l2norm(kf)
+    chunks = [plan.to_chunks(t) for t in (qf, kf, vf)]
+    chunks += [plan.to_chunks(t[..., None])[..., 0] for t in (gf, bf)]
+    prepare, finish = (
+        (_compiled(f) for f in (chunk_transitions, chunk_outputs))
+        if compile
+        else (
+            chunk_transitions,
+            chunk_outputs,
+        )
+    )
+    transition, offset, q_decayed, w, u, attention = prepare(*chunks, scale)
+
+    # One identity map appended as chunk id ``num_chunks``, then gathered into the static step layout.
+    identity = torch.eye(key_dim, dtype=dtype, device=q.device).expand(1, heads, key_dim, key_dim)
+    layout = step_layout(plan)
+    step_transition = torch.cat([transition, identity])[layout].flatten(1, 2)
+    step_offset = torch.cat([offset, offset.new_zeros(1, heads, key_dim, value_dim)])[layout].flatten(1, 2)
+    if initial_state is None:
+        state = q.new_zeros(num_seqs * heads, key_dim, value_dim, dtype=dtype)
+    else:
+        state = initial_state.to(dtype)[plan.order].flatten(0, 1)
+    states = run_steps(step_transition, step_offset, state)
+
+    # Chunk ``layout[j, r]`` was entered with ``states[j, r]``; the identity entries are dropped.
+    entered = states[:-1].view(-1, heads, key_dim, value_dim)
+    real = layout.flatten() < plan.num_chunks
+    position = torch.empty(plan.num_chunks, dtype=torch.int64, device=q.device)
+    position[layout.flatten()[real]] = torch.nonzero(real).flatten()
+    o = finish(entered[position], q_decayed, w, u, attention)
+    o = plan.from_chunks(o).view(batch, seq_len, heads, value_dim).to(q.dtype)
+    if not output_final_state:
+        return o, None
+    last = states[-1].view(num_seqs, heads, key_dim, value_dim)
+    final = torch.empty_like(last).index_copy(0, plan.order, last) if not plan.in_order else last
+    return o, final
