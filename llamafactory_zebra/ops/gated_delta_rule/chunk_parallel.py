@@ -20,9 +20,10 @@ outputs from the kept states) runs on a static ``[chunks, H, C, D]`` layout in a
 batched ops, so ``torch.compile`` can fuse it and its op count does not grow with length or segment
 count. The step loop has static shapes too: every packed segment takes part in every step (a segment
 that has run out of chunks steps through the identity map), so the step is one shape for the whole
-call. Autograd differentiates it (the loop's backward is two GEMMs per step). The price is FLOPs in
-the loop (K x K x V per chunk instead of 2 C x K x V: 2x at Zebra's K = 256, C = 64) and a ``[K, K]``
-matrix per chunk kept for the backward; on a GPU the loop is bound by launches, not FLOPs.
+call. Autograd differentiates the batched parts; the step loop has its own backward, two GEMMs a step.
+The price is FLOPs in the loop (K x K x V per chunk instead of 2 C x K x V: 2x at Zebra's K = 256,
+C = 64) and a ``[K, K]`` matrix per chunk kept for the backward; the bet (unmeasured: no GPU here) is
+that a GPU's loop is bound by kernel launches, not by these FLOPs.
 """
 
 from __future__ import annotations
@@ -93,19 +94,40 @@ def step_layout(plan: ChunkPlan) -> torch.Tensor:
     return layout.to(plan.order.device)
 
 
-def run_steps(transition: torch.Tensor, offset: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-    """Apply ``S <- M_j S + B_j`` for each step j; return the states entering every step and the last one.
+class _AffineStateSteps(torch.autograd.Function):
+    """``S_{j+1} = M_j S_j + B_j`` for every step j: one ``baddbmm`` a step forward, two backward.
 
-    ``transition`` ``[steps, N*H, K, K]``, ``offset`` ``[steps, N*H, K, V]``, ``state`` ``[N*H, K, V]``.
-    Returns ``[steps + 1, N*H, K, V]``. The per-step operands come from ``unbind`` (one autograd node
-    for all steps), never from indexing in the loop, whose backward would write a full-size gradient
-    per step.
+    Why not autograd through a Python loop: each step would be an autograd node whose saved and
+    gradient tensors are fresh allocations, and the states would be copied once more to stack them.
+    Here the states are written into one preallocated tensor (which is also what the outputs need)
+    and the backward runs the reverse recurrence into preallocated gradients::
+
+        dB_j = dS_{j+1}     dM_j = dS_{j+1} S_j^T     dS_j = dStates_j + M_j^T dS_{j+1}
     """
-    states = [state]
-    for m, b in zip(transition.unbind(0), offset.unbind(0), strict=True):
-        state = torch.baddbmm(b, m, state)
-        states.append(state)
-    return torch.stack(states)
+
+    @staticmethod
+    def forward(ctx, transition, offset, state):
+        states = offset.new_empty(len(offset) + 1, *offset.shape[1:])
+        states[0].copy_(state)
+        for step in range(len(offset)):
+            torch.baddbmm(offset[step], transition[step], states[step], out=states[step + 1])
+        ctx.save_for_backward(transition, states)
+        return states
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_states):
+        transition, states = ctx.saved_tensors
+        steps = len(transition)
+        grad_offset = torch.empty_like(states[1:])
+        grad_transition = torch.empty_like(transition)
+        leaving = grad_states[steps]
+        for step in reversed(range(steps)):
+            grad_offset[step].copy_(leaving)
+            torch.bmm(leaving, states[step].mT, out=grad_transition[step])
+            entering = grad_offset[step - 1] if step else torch.empty_like(leaving)
+            leaving = torch.baddbmm(grad_states[step], transition[step].mT, leaving, out=entering)
+        return grad_transition, grad_offset, leaving
 
 
 def chunk_gated_delta_rule_parallel(
@@ -124,7 +146,7 @@ def chunk_gated_delta_rule_parallel(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The GPU-shaped PyTorch path of :func:`~llamafactory_zebra.ops.chunk_gated_delta_rule` (same contract).
 
-    Computed in fp32 (fp64 for fp64 inputs), differentiated by autograd. ``compile=True`` runs the
+    Computed in fp32 (fp64 for fp64 inputs), differentiable. ``compile=True`` runs the
     whole-chunk parts through ``torch.compile`` (the step loop stays eager: one ``baddbmm`` a step).
     """
     check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
@@ -160,7 +182,7 @@ def chunk_gated_delta_rule_parallel(
         state = q.new_zeros(num_seqs * heads, key_dim, value_dim, dtype=dtype)
     else:
         state = initial_state.to(dtype)[plan.order].flatten(0, 1)
-    states = run_steps(step_transition, step_offset, state)
+    states = _AffineStateSteps.apply(step_transition, step_offset, state)
 
     # Chunk ``layout[j, r]`` was entered with ``states[j, r]``; the identity entries are dropped.
     entered = states[:-1].view(-1, heads, key_dim, value_dim)
