@@ -15,6 +15,7 @@ relative to each quantity's largest value, for fp64 inputs (exactness) and fp32 
 ``--accuracy-length`` in three segments with initial states.
 
     python benchmarks/bench_gdn_torch_paths.py --lengths 2048 8192 --segments 4 8 --repeats 2 --threads 1
+    python benchmarks/bench_gdn_torch_paths.py --device cuda --lengths 8192 32768 --segments 8 8   # on a GPU
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def count_ops(impl: Callable, inputs: list[torch.Tensor], cu_seqlens: torch.Tens
     return sum(forward.counts.values()), sum(both.counts.values())
 
 
-def accuracy(length: int) -> dict[str, dict[str, float]]:
+def accuracy(length: int, device: str) -> dict[str, dict[str, float]]:
     """Worst error of output, state and gradients vs the fp64 reference, for fp64 and fp32 inputs.
 
     Each quantity's max abs error is divided by its largest reference magnitude (the gradient of g
@@ -114,10 +115,11 @@ def accuracy(length: int) -> dict[str, dict[str, float]]:
     ]
 
     def run(impl, dtype):
-        leaves = [t.detach().to(dtype, copy=True).requires_grad_() for t in base]
+        where = "cpu" if impl is naive_recurrent_gated_delta_rule else device
+        leaves = [t.detach().to(where, dtype, copy=True).requires_grad_() for t in base]
         o, state = call(impl, leaves, cu)
-        ((o.double() * weights[0]).sum() + (state.double() * weights[1]).sum()).backward()
-        return [o.double(), state.double(), *(t.grad.double() for t in leaves)]
+        ((o.double().cpu() * weights[0]).sum() + (state.double().cpu() * weights[1]).sum()).backward()
+        return [x.double().cpu() for x in (o, state, *(t.grad for t in leaves))]
 
     reference = run(naive_recurrent_gated_delta_rule, torch.float64)
     errors: dict[str, dict[str, float]] = {}
@@ -136,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--segments", type=int, nargs="+", default=[4, 8], help="packed segments per length")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--accuracy-length", type=int, default=192)
     parser.add_argument("--scaling-length", type=int, default=8192)
     parser.add_argument("--scaling-segments", type=int, nargs="+", default=[1, 8, 64])
@@ -144,25 +147,26 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--segments takes one count per --lengths entry")
     if args.threads:
         torch.set_num_threads(args.threads)
+    where = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
     print(
-        f"# torch {torch.__version__}, cpu ({platform.processor() or platform.machine()}), "
+        f"# torch {torch.__version__}, {args.device} ({where}), "
         f"{torch.get_num_threads()} threads, fp32, H={HEADS} K={KEY_DIM} V={VALUE_DIM}"
     )
     print(
         f"# command: python benchmarks/bench_gdn_torch_paths.py {' '.join(argv if argv is not None else sys.argv[1:])}"
     )
 
-    errors = accuracy(args.accuracy_length)
+    errors = accuracy(args.accuracy_length, args.device)
     rows = []
     for length, segments in zip(args.lengths, args.segments, strict=True):
-        cu = packed_borders(length, segments)
-        inputs = make_inputs(length, torch.float32, "cpu")
+        cu = packed_borders(length, segments).to(args.device)
+        inputs = make_inputs(length, torch.float32, args.device)
         for impl in IMPLEMENTATIONS.values():  # warm-up at these shapes: compilation is not timed
             forward_backward(impl, inputs, cu)
         times: dict[str, list[Meter]] = {name: [] for name in IMPLEMENTATIONS}
         for _ in range(args.repeats):
             for name, impl in IMPLEMENTATIONS.items():
-                with Meter("cpu") as meter:
+                with Meter(args.device) as meter:
                     forward_backward(impl, inputs, cu)
                 times[name].append(meter)
                 print(f"  T={length} {name}: fwd+bwd {meter.wall:.3f}s", file=sys.stderr, flush=True)
@@ -190,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\nOps dispatched at T={args.scaling_length} by segment count (eager paths):\n")
     print("| segments | chunk fwd | chunk fwd+bwd | parallel fwd | parallel fwd+bwd |\n|---|---|---|---|---|")
-    inputs = make_inputs(args.scaling_length, torch.float32, "cpu")
+    inputs = make_inputs(args.scaling_length, torch.float32, args.device)
     for segments in args.scaling_segments:
-        cu = packed_borders(args.scaling_length, segments)
+        cu = packed_borders(args.scaling_length, segments).to(args.device)
         counts = [count_ops(IMPLEMENTATIONS[name], inputs, cu) for name in (BASELINE, "parallel")]
         print(f"| {segments} | {counts[0][0]} | {counts[0][1]} | {counts[1][0]} | {counts[1][1]} |")
     return 0

@@ -180,3 +180,13 @@ def test_state_steps_backward_passes_gradcheck():
         for shape in ((3, 2, 4, 4), (3, 2, 4, 5), (2, 4, 5))
     ]
     assert torch.autograd.gradcheck(_AffineStateSteps.apply, inputs)
+
+
+def test_a_bf16_autocast_does_not_lower_the_precision():
+    """The layer may run under ``torch.autocast(bfloat16)``; the op keeps computing in fp32."""
+    q, k, v, g, beta, h0 = (t.float() for t in make_inputs(1, 100, 2, 16, 32))
+    plain = chunk_gated_delta_rule_parallel(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = chunk_gated_delta_rule_parallel(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    for mine, theirs in zip(autocast, plain, strict=True):
+        assert mine.dtype == torch.float32 and torch.equal(mine, theirs)

@@ -80,18 +80,23 @@ def _compiled(function: Callable) -> Callable:
     return torch.compile(function, dynamic=True)
 
 
-def step_layout(plan: ChunkPlan) -> torch.Tensor:
-    """``[steps, N]``: chunk id advanced by each sorted sequence at each step, ``plan.num_chunks`` (identity) when done.
+def step_layout(plan: ChunkPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each chunk sits in the static step loop, built on the host once per call (no device sync).
 
-    Built from ``plan.steps`` (one entry per step, computed once per call): the loop body then has one
-    shape for all steps.
+    Returns ``layout`` ``[steps, N]``, the chunk id advanced by each sorted sequence at each step
+    (``plan.num_chunks``, the identity map, once that sequence is done), and ``position``
+    ``[num_chunks]``, the flat ``steps * N`` index at which each chunk is entered.
     """
     num_seqs = len(plan.order)
     firsts = torch.tensor([first for first, _ in plan.steps], dtype=torch.int64)
     actives = torch.tensor([active for _, active in plan.steps], dtype=torch.int64)
     ranks = torch.arange(num_seqs)
     layout = torch.where(ranks < actives[:, None], firsts[:, None] + ranks, plan.num_chunks)
-    return layout.to(plan.order.device)
+    real = layout.flatten() < plan.num_chunks
+    position = torch.empty(plan.num_chunks, dtype=torch.int64)
+    position[layout.flatten()[real]] = torch.nonzero(real).flatten()
+    device = plan.order.device
+    return layout.to(device), position.to(device)
 
 
 class _AffineStateSteps(torch.autograd.Function):
@@ -158,38 +163,30 @@ def chunk_gated_delta_rule_parallel(
     plan = make_chunk_plan(starts, lengths, CHUNK_SIZE, q.device)
     num_seqs = len(plan.order)
 
-    qf, kf, vf, gf, bf = (t.flatten(0, 1).to(dtype) for t in (q, k, v, g, beta))
-    if use_qk_l2norm_in_kernel:
-        qf, kf = l2norm(qf), l2norm(kf)
-    chunks = [plan.to_chunks(t) for t in (qf, kf, vf)]
-    chunks += [plan.to_chunks(t[..., None])[..., 0] for t in (gf, bf)]
-    prepare, finish = (
-        (_compiled(f) for f in (chunk_transitions, chunk_outputs))
-        if compile
-        else (
-            chunk_transitions,
-            chunk_outputs,
-        )
-    )
-    transition, offset, q_decayed, w, u, attention = prepare(*chunks, scale)
+    with torch.autocast(q.device.type, enabled=False):  # fp32 maths even under a bf16 autocast
+        qf, kf, vf, gf, bf = (t.flatten(0, 1).to(dtype) for t in (q, k, v, g, beta))
+        if use_qk_l2norm_in_kernel:
+            qf, kf = l2norm(qf), l2norm(kf)
+        chunks = [plan.to_chunks(t) for t in (qf, kf, vf)]
+        chunks += [plan.to_chunks(t[..., None])[..., 0] for t in (gf, bf)]
+        prepare, finish = chunk_transitions, chunk_outputs
+        if compile:
+            prepare, finish = _compiled(prepare), _compiled(finish)
+        transition, offset, q_decayed, w, u, attention = prepare(*chunks, scale)
 
-    # One identity map appended as chunk id ``num_chunks``, then gathered into the static step layout.
-    identity = torch.eye(key_dim, dtype=dtype, device=q.device).expand(1, heads, key_dim, key_dim)
-    layout = step_layout(plan)
-    step_transition = torch.cat([transition, identity])[layout].flatten(1, 2)
-    step_offset = torch.cat([offset, offset.new_zeros(1, heads, key_dim, value_dim)])[layout].flatten(1, 2)
-    if initial_state is None:
-        state = q.new_zeros(num_seqs * heads, key_dim, value_dim, dtype=dtype)
-    else:
-        state = initial_state.to(dtype)[plan.order].flatten(0, 1)
-    states = _AffineStateSteps.apply(step_transition, step_offset, state)
+        # One identity map appended as chunk id ``num_chunks``, then gathered into the static step layout.
+        identity = torch.eye(key_dim, dtype=dtype, device=q.device).expand(1, heads, key_dim, key_dim)
+        layout, position = step_layout(plan)
+        step_transition = torch.cat([transition, identity])[layout].flatten(1, 2)
+        step_offset = torch.cat([offset, offset.new_zeros(1, heads, key_dim, value_dim)])[layout].flatten(1, 2)
+        if initial_state is None:
+            state = q.new_zeros(num_seqs * heads, key_dim, value_dim, dtype=dtype)
+        else:
+            state = initial_state.to(dtype)[plan.order].flatten(0, 1)
+        states = _AffineStateSteps.apply(step_transition, step_offset, state)
 
-    # Chunk ``layout[j, r]`` was entered with ``states[j, r]``; the identity entries are dropped.
-    entered = states[:-1].view(-1, heads, key_dim, value_dim)
-    real = layout.flatten() < plan.num_chunks
-    position = torch.empty(plan.num_chunks, dtype=torch.int64, device=q.device)
-    position[layout.flatten()[real]] = torch.nonzero(real).flatten()
-    o = finish(entered[position], q_decayed, w, u, attention)
+        entered = states[:-1].view(-1, heads, key_dim, value_dim)[position]  # the state entering each chunk
+        o = finish(entered, q_decayed, w, u, attention)
     o = plan.from_chunks(o).view(batch, seq_len, heads, value_dim).to(q.dtype)
     if not output_final_state:
         return o, None
