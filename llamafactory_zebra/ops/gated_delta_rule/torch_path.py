@@ -1,9 +1,9 @@
 """Which PyTorch formulation of the chunked gated delta rule runs when fla does not.
 
 Two exact formulations share fla's contract. ``chunk.py`` is tuned for CPU threads (in-place state
-updates, a hand-written backward) and stays the CPU choice: on CPU it trains 2-3x faster than
-``chunk_parallel.py`` (``benchmarks/bench_gdn_torch_paths.py``, ``docs/benchmarks.md``).
-``chunk_parallel.py`` is shaped for GPUs (a fixed number of whole-chunk batched ops, one GEMM per chunk
+updates, a hand-written backward) and stays the CPU choice: on CPU it trains faster than
+``chunk_parallel.py``, which does about twice its FLOPs (measured by
+``benchmarks/bench_gdn_torch_paths.py``, figures in ``docs/benchmarks.md``). ``chunk_parallel.py`` is shaped for GPUs (a fixed number of whole-chunk batched ops, one GEMM per chunk
 step) and is the choice for CUDA/ROCm tensors. ``ZEBRA_GDN_TORCH_CHUNK`` overrides the choice:
 ``auto`` (default, by device), ``chunk``, ``parallel`` or ``parallel-compiled`` (the parallel path with
 its whole-chunk parts under ``torch.compile``; opt-in, as compiling costs tens of seconds per process).
