@@ -70,8 +70,13 @@ def chunk_transitions(
 def chunk_outputs(
     states: torch.Tensor, q_decayed: torch.Tensor, w: torch.Tensor, u: torch.Tensor, attention: torch.Tensor
 ) -> torch.Tensor:
-    """``O = Q_decayed S + A (U - W S)`` for every chunk, from the state entering it (``[chunks, H, K, V]``)."""
-    return q_decayed @ states + attention @ (u - w @ states)
+    """``O = Q_decayed S + A (U - W S)`` for every chunk, from the state entering it (``[chunks, H, K, V]``).
+
+    Q_decayed and W are stacked so that each state is read by one GEMM for both products.
+    """
+    size = q_decayed.shape[-2]
+    products = torch.cat([q_decayed, w], dim=-2) @ states
+    return products[..., :size, :] + attention @ (u - products[..., size:, :])
 
 
 @functools.cache
@@ -126,13 +131,13 @@ class _AffineStateSteps(torch.autograd.Function):
         steps = len(transition)
         grad_offset = torch.empty_like(states[1:])
         grad_transition = torch.empty_like(transition)
-        leaving = grad_states[steps]
+        grad_initial = torch.empty_like(states[0])
+        leaving = grad_offset[steps - 1].copy_(grad_states[steps]) if steps else grad_initial.copy_(grad_states[0])
         for step in reversed(range(steps)):
-            grad_offset[step].copy_(leaving)
             torch.bmm(leaving, states[step].mT, out=grad_transition[step])
-            entering = grad_offset[step - 1] if step else torch.empty_like(leaving)
+            entering = grad_offset[step - 1] if step else grad_initial
             leaving = torch.baddbmm(grad_states[step], transition[step].mT, leaving, out=entering)
-        return grad_transition, grad_offset, leaving
+        return grad_transition, grad_offset, grad_initial
 
 
 def chunk_gated_delta_rule_parallel(
@@ -185,7 +190,7 @@ def chunk_gated_delta_rule_parallel(
             state = initial_state.to(dtype)[plan.order].flatten(0, 1)
         states = _AffineStateSteps.apply(step_transition, step_offset, state)
 
-        entered = states[:-1].view(-1, heads, key_dim, value_dim)[position]  # the state entering each chunk
+        entered = states.view(-1, heads, key_dim, value_dim)[position]  # the state entering each chunk
         o = finish(entered, q_decayed, w, u, attention)
     o = plan.from_chunks(o).view(batch, seq_len, heads, value_dim).to(q.dtype)
     if not output_final_state:
