@@ -174,9 +174,10 @@ def main(argv: list[str] | None = None) -> int:
             name: count_ops(impl, inputs, cu) for name, impl in IMPLEMENTATIONS.items() if name != "parallel-compiled"
         }
         base_wall = statistics.median(m.wall for m in times[BASELINE])
+        base_cpu = statistics.median(m.cpu for m in times[BASELINE])
         for name, meters in times.items():
             wall, cpu = statistics.median(m.wall for m in meters), statistics.median(m.cpu for m in meters)
-            rows.append((length, segments, name, wall, cpu, base_wall / wall, ops.get(name)))
+            rows.append((length, segments, name, wall, cpu, base_wall / wall, base_cpu / cpu, ops.get(name)))
 
     print(f"\nAccuracy at T={args.accuracy_length} in 3 segments with initial states vs the fp64 reference")
     print("(worst over output, final state and the gradients of q, k, v, g, beta, initial state of")
@@ -185,12 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     for name, by_dtype in errors.items():
         print(f"| {name} | {by_dtype['float64']:.1e} | {by_dtype['float32']:.1e} |")
 
-    print(f"\nForward+backward, median of {args.repeats}; speed = {BASELINE} wall / this wall.\n")
-    print("| T | segments | path | fwd+bwd wall s | fwd+bwd CPU s | speed vs chunk | ops fwd | ops fwd+bwd |")
-    print("|---|---|---|---|---|---|---|---|")
-    for length, segments, name, wall, cpu, ratio, ops in rows:
+    print(f"\nForward+backward, median of {args.repeats}; speed = {BASELINE} time / this time.\n")
+    print(
+        "| T | segments | path | fwd+bwd wall s | fwd+bwd CPU s | speed vs chunk (wall) | speed vs chunk (CPU) "
+        "| ops fwd | ops fwd+bwd |"
+    )
+    print("|---" * 9 + "|")
+    for length, segments, name, wall, cpu, wall_ratio, cpu_ratio, ops in rows:
         counted = f"{ops[0]} | {ops[1]}" if ops else "n/a | n/a"
-        print(f"| {length} | {segments} | {name} | {wall:.3f} | {cpu:.2f} | {ratio:.2f}x | {counted} |")
+        print(
+            f"| {length} | {segments} | {name} | {wall:.3f} | {cpu:.2f} | {wall_ratio:.2f}x | {cpu_ratio:.2f}x | {counted} |"
+        )
 
     print(f"\nOps dispatched at T={args.scaling_length} by segment count (eager paths):\n")
     print("| segments | chunk fwd | chunk fwd+bwd | parallel fwd | parallel fwd+bwd |\n|---|---|---|---|---|")
