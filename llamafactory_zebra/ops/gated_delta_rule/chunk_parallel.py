@@ -179,18 +179,25 @@ def chunk_gated_delta_rule_parallel(
             prepare, finish = _compiled(prepare), _compiled(finish)
         transition, offset, q_decayed, w, u, attention = prepare(*chunks, scale)
 
-        # One identity map appended as chunk id ``num_chunks``, then gathered into the static step layout.
-        identity = torch.eye(key_dim, dtype=dtype, device=q.device).expand(1, heads, key_dim, key_dim)
         layout, position = step_layout(plan)
-        step_transition = torch.cat([transition, identity])[layout].flatten(1, 2)
-        step_offset = torch.cat([offset, offset.new_zeros(1, heads, key_dim, value_dim)])[layout].flatten(1, 2)
+        steps = len(layout)
+        if layout.numel() == plan.num_chunks:
+            # Every sequence has a chunk at every step (one row, or equal lengths): chunk ``j * N + r`` is
+            # already step j's entry r, so the maps are used in place, without a gathered copy.
+            step_transition = transition.view(steps, num_seqs * heads, key_dim, key_dim)
+            step_offset = offset.view(steps, num_seqs * heads, key_dim, value_dim)
+        else:  # sequences that are done step through an identity map, appended as chunk id ``num_chunks``
+            identity = torch.eye(key_dim, dtype=dtype, device=q.device).expand(1, heads, key_dim, key_dim)
+            step_transition = torch.cat([transition, identity])[layout].flatten(1, 2)
+            step_offset = torch.cat([offset, offset.new_zeros(1, heads, key_dim, value_dim)])[layout].flatten(1, 2)
         if initial_state is None:
             state = q.new_zeros(num_seqs * heads, key_dim, value_dim, dtype=dtype)
         else:
             state = initial_state.to(dtype)[plan.order].flatten(0, 1)
         states = _AffineStateSteps.apply(step_transition, step_offset, state)
 
-        entered = states.view(-1, heads, key_dim, value_dim)[position]  # the state entering each chunk
+        entered = states.view(-1, heads, key_dim, value_dim)  # the state entering each chunk
+        entered = entered[: plan.num_chunks] if layout.numel() == plan.num_chunks else entered[position]
         o = finish(entered, q_decayed, w, u, attention)
     o = plan.from_chunks(o).view(batch, seq_len, heads, value_dim).to(q.dtype)
     if not output_final_state:
