@@ -107,7 +107,7 @@ def test_torch_backend_accepts_the_pytorch_path(monkeypatch):
     resolution = resolve(h200(), training=True)
     assert resolution.problems == ()
     assert {c.part: c.kernel for c in resolution.choices if c.part.startswith("GDN")} == {
-        "GDN chunk": "PyTorch chunked GDN",
+        "GDN chunk": "PyTorch chunked GDN (parallel)",  # the GPU-shaped formulation on a GPU
         "GDN recurrent": "PyTorch recurrent GDN",
     }
     assert resolution.choice("conv").reason == f"{BACKEND_ENV_VAR}=torch"
@@ -262,7 +262,7 @@ def test_doctor_command_names_the_problem_and_the_triton_fix():
     checks = {c["name"]: c for c in parsed["checks"]}
     assert checks["kernels (training)"]["status"] == checks["kernels (inference)"]["status"] == "warn"
     kernels = {k["part"]: k["kernel"] for k in parsed["kernels"]["training"]["kernels"]}
-    assert kernels["GDN chunk"] == "PyTorch chunked GDN"
+    assert kernels["GDN chunk"] == "PyTorch chunked GDN (parallel)"
     (problem,) = parsed["kernels"]["training"]["problems"]
     assert problem["key"] == FLA_MISSING and "pip install fla-core" in problem["message"]
 

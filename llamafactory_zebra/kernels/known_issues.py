@@ -15,9 +15,13 @@ from .stack import Stack, parse_version
 from .switches import BACKEND_ENV_VAR
 
 PHASES = ("forward", "backward")
-# Measured on one H200 (torch 2.11, bf16, gradient checkpointing, Liger CE, one unpacked row): the full Zebra
-# with the PyTorch GDN path against a same-width Qwen3-1.7B, training tokens/s (docs/gpu.md).
-TORCH_GDN_MEASURED_COST = "0.19x / 0.33x the training tokens/s of a same-width Qwen3-1.7B at 8k / 32k tokens (H200)"
+# The one GPU measurement of the PyTorch GDN path there is (docs/gpu.md: one H200, torch 2.11, bf16, gradient
+# checkpointing, Liger CE, one unpacked row; the full Zebra against a same-width Qwen3-1.7B, training tokens/s).
+# It was taken with ``chunk.py``; the GPU-shaped ``parallel`` formulation a GPU now gets has not run on one yet.
+TORCH_GDN_MEASURED_COST = (
+    "0.19x / 0.33x the training tokens/s of a same-width Qwen3-1.7B at 8k / 32k tokens (H200, measured with "
+    "chunk.py; the GPU-shaped parallel formulation now used on GPUs is not yet measured there)"
+)
 
 
 @dataclass(frozen=True)

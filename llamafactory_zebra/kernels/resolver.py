@@ -17,7 +17,13 @@ from dataclasses import asdict, dataclass, field
 from ..attention_policy import FLASH_ATTENTION_2, SDPA, packed_attention_kernel
 from .known_issues import KNOWN_ISSUES, TORCH_GDN_MEASURED_COST, KnownIssue
 from .stack import Stack
-from .switches import BACKEND_ENV_VAR, TRITON_INTERPRET_ENV_VAR, requested_backend, triton_interpreter_enabled
+from .switches import (
+    BACKEND_ENV_VAR,
+    TRITON_INTERPRET_ENV_VAR,
+    requested_backend,
+    torch_chunk_choice,
+    triton_interpreter_enabled,
+)
 
 PARTS = ("GDN chunk", "GDN recurrent", "conv", "attention", "loss")
 TRAINING, INFERENCE = "training", "inference"
@@ -98,7 +104,7 @@ def resolve(
     problems: list[Problem] = []
     gdn_family, gdn_reason = _gdn_family(stack, requested_backend(), problems)
     labels = {
-        "GDN chunk": ("fla chunk_gated_delta_rule", "PyTorch chunked GDN"),
+        "GDN chunk": ("fla chunk_gated_delta_rule", f"PyTorch chunked GDN ({torch_chunk_choice(stack.has_gpu)})"),
         "GDN recurrent": ("fla fused_recurrent_gated_delta_rule", "PyTorch recurrent GDN"),
         "conv": ("fla causal_conv1d", "PyTorch causal conv"),
     }

@@ -1,6 +1,7 @@
 """Gated delta rule: dispatching entry points, the PyTorch chunked/recurrent paths, and the reference."""
 
 from .chunk import chunk_gated_delta_rule_torch
+from .chunk_parallel import chunk_gated_delta_rule_parallel
 from .dispatch import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from .fused_recurrent import fused_recurrent_gated_delta_rule_torch
 from .gates import gdn_gates
@@ -10,15 +11,19 @@ from .in_slots import (
     fused_recurrent_gated_delta_rule_in_slots,
 )
 from .naive import naive_recurrent_gated_delta_rule
+from .torch_path import TORCH_CHUNK_ENV_VAR, torch_chunk_function
 
 __all__ = [
+    "TORCH_CHUNK_ENV_VAR",
     "chunk_gated_delta_rule_in_slots",
     "cpu_has_bf16_dot_products",
     "chunk_gated_delta_rule",
+    "chunk_gated_delta_rule_parallel",
     "chunk_gated_delta_rule_torch",
     "fused_recurrent_gated_delta_rule",
     "fused_recurrent_gated_delta_rule_in_slots",
     "fused_recurrent_gated_delta_rule_torch",
     "gdn_gates",
     "naive_recurrent_gated_delta_rule",
+    "torch_chunk_function",
 ]

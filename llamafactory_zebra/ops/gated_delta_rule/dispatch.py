@@ -1,8 +1,9 @@
 """Public gated-delta-rule entry points: fla's kernels on a GPU, this package's PyTorch code elsewhere.
 
-Both paths share fla's contract, so a layer calls one function and never cares where it runs. fla is
-always called with keyword arguments: its positional order differs between releases (e.g. 0.6 put
-``gk`` after ``g`` in the fused recurrent op).
+Both paths share fla's contract, so a layer calls one function and never cares where it runs (which
+PyTorch chunked formulation runs is decided in ``torch_path.py``). fla is always called with keyword
+arguments: its positional order differs between releases (e.g. 0.6 put ``gk`` after ``g`` in the
+fused recurrent op).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import torch
 
 from ..backend import fla_ops
 from .checks import check_gdn_inputs
-from .chunk import chunk_gated_delta_rule_torch
 from .fused_recurrent import fused_recurrent_gated_delta_rule_torch
+from .torch_path import torch_chunk_function
 
 _FLA_GDN = "fla.ops.gated_delta_rule"
 
@@ -50,7 +51,7 @@ def chunk_gated_delta_rule(
     """
     return _dispatch(
         "chunk_gated_delta_rule",
-        chunk_gated_delta_rule_torch,
+        lambda *args, **kwargs: torch_chunk_function(q)(*args, **kwargs),  # chosen after the input checks
         (q, k, v, g, beta),
         scale=scale,
         initial_state=initial_state,
