@@ -91,7 +91,7 @@ def _shrink_without_adapter_rows(shrink: Callable) -> Callable:
 
 def install() -> None:
     """Apply both fixes (idempotent: each process's plugin load calls it once or more)."""
-    from . import lora
+    from .lora import load_adapter_naming_the_fix
 
     lora_ops = importlib.import_module("vllm.lora.ops.torch_ops.lora_ops")
     punica_cpu = importlib.import_module("vllm.lora.punica_wrapper.punica_cpu")
@@ -105,4 +105,4 @@ def install() -> None:
     fixed_shrink = _shrink_without_adapter_rows(lora_ops.bgmv_shrink)
     lora_ops.bgmv_shrink = fixed_shrink  # sgmv_shrink (prompt chunks) calls it by this module-global name
     punica_cpu.bgmv_shrink = fixed_shrink  # PunicaWrapperCPU's decode steps and logits call it by this one
-    worker_manager.WorkerLoRAManager._load_adapter = lora.load_adapter_naming_the_fix(load_adapter)
+    worker_manager.WorkerLoRAManager._load_adapter = load_adapter_naming_the_fix(load_adapter)
