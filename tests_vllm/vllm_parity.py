@@ -94,13 +94,13 @@ def stop_engine(llm) -> None:
     gc.collect()
 
 
-def serve(llm, prompt_list: list[list[int]], max_tokens: int) -> list[Served]:
+def serve(llm, prompt_list: list[list[int]], max_tokens: int, **generate_options) -> list[Served]:
     from vllm import SamplingParams
 
     params = SamplingParams(
         max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=1, prompt_logprobs=1, detokenize=False
     )
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompt_list], params, use_tqdm=False)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompt_list], params, use_tqdm=False, **generate_options)
     served = []
     for prompt, output in zip(prompt_list, outputs, strict=True):
         completion = output.outputs[0]

@@ -18,6 +18,8 @@ What runs where (``model.py``, ``mla.py``, ``gdn.py``):
   conventions, YaRN with and without DeepSeek's mscale, ``q_lora_rank: null``, attention biases);
   bf16, mean/max |Δ log-prob| against fp32: 0.036/0.28 on the released layout (transformers-bf16's own:
   0.035/0.28), 0.020/0.10 on a native qk_head checkpoint (own: 0.021/0.11). Eager and the default ``torch.compile`` mode. Broken checkpoints are refused naming the key.
+- LoRA adapters (``--enable-lora``, ``lora.py``): every linear layer, packed ones through
+  ``packed_modules_mapping``; vLLM's CPU LoRA ops fixed for requests without an adapter (``seams.py``).
 - Not supported (refused at load, naming the option): tensor/pipeline parallelism, speculative decoding,
   ``rope_type: dynamic``, activations other than SiLU. Prefix caching is switched off (``engine_config.py``).
 """
@@ -33,8 +35,10 @@ def register() -> None:
 
     from .config_parser import register_config_parser_for_released_layout, register_zebra_config
     from .engine_config import register_engine_config
+    from .seams import install as install_vllm_fixes
 
     register_zebra_config()
+    install_vllm_fixes()
     register_config_parser_for_released_layout()
     register_engine_config(ARCHITECTURE)
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():

@@ -52,16 +52,12 @@ from ...ops import (
     gdn_gates,
 )
 
-# Checkpoint names of the stacked parameters: (vLLM parameter, checkpoint module, shard).
-GDN_STACKED = (
-    ("qkvg_proj", "q_proj", 0),
-    ("qkvg_proj", "k_proj", 1),
-    ("qkvg_proj", "v_proj", 2),
-    ("qkvg_proj", "g_proj", 3),
-    ("conv1d", "q_conv1d", 0),
-    ("conv1d", "k_conv1d", 1),
-    ("conv1d", "v_conv1d", 2),
-)
+# vLLM's packed parameters and the checkpoint modules stacked into them, in shard order (the layer's
+# ``output_sizes``): part of the model's ``packed_modules_mapping`` (loader and LoRA).
+GDN_PACKED_MODULES = {
+    "qkvg_proj": ["q_proj", "k_proj", "v_proj", "g_proj"],
+    "conv1d": ["q_conv1d", "k_conv1d", "v_conv1d"],
+}
 
 
 def gdn_state_shape(config: ZebraConfig, num_spec: int = 0) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -122,6 +118,7 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         channels = [self.key_dim, self.key_dim, self.value_dim]
         self.conv1d = nn.Module()
         self.conv1d.weight = nn.Parameter(torch.empty(sum(channels), self.conv_kernel_size))
+        self.conv1d.output_sizes = channels
         set_weight_attrs(self.conv1d.weight, {"weight_loader": _conv_weight_loader(channels)})
         self.o_norm = RMSNormGated(self.head_v_dim, eps=config.gdn_norm_eps, norm_before_gate=True)
         self.o_proj = RowParallelLinear(

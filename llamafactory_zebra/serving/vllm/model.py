@@ -5,13 +5,15 @@ fused residual add, merged gate/up MLP, ``ParallelLMHead`` + ``LogitsProcessor``
 ``HasInnerState`` so the engine allocates GDN state slots next to the paged attention cache. The mixers
 are in ``mla.py`` and ``gdn.py``.
 
-Loading is strict (``checkpoint_shapes`` is the contract): a checkpoint key the layer plan does not
+Loading is strict (``checkpoint_layout``: the keys and shapes follow from the model's own parameters and
+``packed_modules_mapping``, as vLLM's own models declare it): a checkpoint key the layer plan does not
 have, one it lacks, or one of the wrong shape stops the engine before it serves, naming the key. vLLM's
 own loaders would fail on a wrong shape with an assertion that names neither key nor file.
 Tensor and pipeline parallelism are refused (only one process's path was built and tested).
 """
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -24,80 +26,57 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFunc, MambaStateCopyFuncCalculator
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
+from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid, SupportsLoRA
 from vllm.model_executor.models.utils import extract_layer_index, maybe_prefix
 from vllm.sequence import IntermediateTensors
 
-from ...configuration_zebra import MLA, MLA_NORM_LORA, MLA_NORM_QK_HEAD, ZebraConfig
-from .gdn import GDN_STACKED, ZebraGatedDeltaNet, gdn_state_dtype, gdn_state_shape
+from ...configuration_zebra import MLA, ZebraConfig
+from .gdn import GDN_PACKED_MODULES, ZebraGatedDeltaNet, gdn_state_dtype, gdn_state_shape
 from .mla import ZebraMLAAttention
 
-MLP_STACKED = (("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1))
+# vLLM's packed parameters and the checkpoint modules stacked into them, in shard order (vLLM's
+# ``packed_modules_mapping``: the loader reads it to route checkpoint keys, LoRA to split adapters).
+PACKED_MODULES = {"gate_up_proj": ["gate_proj", "up_proj"], **GDN_PACKED_MODULES}
+
+# Parameters whose checkpoint tensors carry an extra singleton dimension (at this index): transformers'
+# depthwise ``nn.Conv1d`` weights are ``[C, 1, W]``, vLLM's conv ops take ``[C, W]``.
+CHECKPOINT_SINGLETON_DIM = {"conv1d.weight": 1}
 
 
-def checkpoint_shapes(config: ZebraConfig) -> dict[str, tuple[int, ...]]:
-    """Every key a Zebra checkpoint holds for ``config`` (transformers' names) and its shape."""
-    hidden, bias = config.hidden_size, config.attention_bias
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (config.vocab_size, hidden),
-        "model.norm.weight": (hidden,),
-    }
-    shapes["lm_head.weight"] = (config.vocab_size, hidden)  # optional with tie_word_embeddings (see load_weights)
-    for index, layer_type in enumerate(config.layer_types):
-        prefix = f"model.layers.{index}"
-        layer = {
-            "input_layernorm.weight": (hidden,),
-            "post_attention_layernorm.weight": (hidden,),
-            "mlp.gate_proj.weight": (config.intermediate_size, hidden),
-            "mlp.up_proj.weight": (config.intermediate_size, hidden),
-            "mlp.down_proj.weight": (hidden, config.intermediate_size),
-        }
-        layer.update(_mla_shapes(config, bias) if layer_type == MLA else _gdn_shapes(config))
-        shapes.update({f"{prefix}.{name}": shape for name, shape in layer.items()})
-    return shapes
+@dataclass(frozen=True)
+class CheckpointEntry:
+    """Where one checkpoint key loads: a vLLM parameter, its shard in a packed parameter, the key's shape."""
+
+    parameter: str
+    shard: int | None
+    shape: tuple[int, ...]
 
 
-def _mla_shapes(config: ZebraConfig, bias: bool) -> dict[str, tuple[int, ...]]:
-    hidden, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
-    rank, rope, qk = config.kv_lora_rank, config.qk_rope_head_dim, config.qk_head_dim
-    linears = {"mla.kv_a_proj_with_mqa": (rank + rope, hidden), "mla.out_proj": (hidden, heads * config.v_head_dim)}
-    if config.q_lora_rank is None:
-        linears["mla.q_proj"] = (heads * qk, hidden)
-    else:
-        linears["mla.q_a_proj"] = (config.q_lora_rank, hidden)
-    shapes = {f"{name}.weight": shape for name, shape in linears.items()}
-    if bias:
-        shapes.update({f"{name}.bias": (shape[0],) for name, shape in linears.items()})
-    if config.q_lora_rank is not None:
-        shapes["mla.q_b_proj.weight"] = (heads * qk, config.q_lora_rank)
-    shapes["mla.kv_b_proj.weight"] = (kv_heads * (config.qk_nope_head_dim + config.v_head_dim), rank)
-    if config.mla_norm == MLA_NORM_QK_HEAD:
-        shapes.update({"mla.q_norm.weight": (qk,), "mla.k_norm.weight": (qk,)})
-    elif config.mla_norm == MLA_NORM_LORA:
-        shapes["mla.kv_a_layernorm.weight"] = (rank,)
-        if config.q_lora_rank is not None:
-            shapes["mla.q_a_layernorm.weight"] = (config.q_lora_rank,)
-    return shapes
+def checkpoint_layout(model: nn.Module, packed_modules: dict[str, list[str]]) -> dict[str, CheckpointEntry]:
+    """Every checkpoint key (transformers' names) the vLLM ``model`` needs and its shape, derived from the
+    model's own parameters: a packed parameter (``packed_modules``) expects one key per shard, the shard's
+    rows being its layer's ``output_sizes``; an embedding or head its unpadded vocabulary rows."""
+    modules = dict(model.named_modules())
+    layout: dict[str, CheckpointEntry] = {}
+    for name, param in model.named_parameters():
+        module_name, _, leaf = name.rpartition(".")
+        parent, _, packed = module_name.rpartition(".")
+        singleton = CHECKPOINT_SINGLETON_DIM.get(f"{packed}.{leaf}")
+        if packed not in packed_modules:
+            shape = tuple(param.shape)
+            if isinstance(modules[module_name], VocabParallelEmbedding):  # vLLM pads the vocabulary rows
+                shape = (modules[module_name].num_embeddings, *shape[1:])
+            layout[name] = CheckpointEntry(name, None, _checkpoint_shape(shape, singleton))
+            continue
+        sizes = modules[module_name].output_sizes
+        for shard, (part, rows) in enumerate(zip(packed_modules[packed], sizes, strict=True)):
+            shape = _checkpoint_shape((rows, *param.shape[1:]), singleton)
+            layout[f"{parent}.{part}.{leaf}"] = CheckpointEntry(name, shard, shape)
+    return layout
 
 
-def _gdn_shapes(config: ZebraConfig) -> dict[str, tuple[int, ...]]:
-    hidden, heads, width = config.hidden_size, config.gdn_num_heads, config.gdn_conv_size
-    key_dim, value_dim = heads * config.gdn_head_dim, heads * config.gdn_head_v_dim
-    return {
-        "gdn.q_proj.weight": (key_dim, hidden),
-        "gdn.k_proj.weight": (key_dim, hidden),
-        "gdn.v_proj.weight": (value_dim, hidden),
-        "gdn.g_proj.weight": (value_dim, hidden),
-        "gdn.a_proj.weight": (heads, hidden),
-        "gdn.b_proj.weight": (heads, hidden),
-        "gdn.A_log": (heads,),
-        "gdn.dt_bias": (heads,),
-        "gdn.q_conv1d.weight": (key_dim, 1, width),
-        "gdn.k_conv1d.weight": (key_dim, 1, width),
-        "gdn.v_conv1d.weight": (value_dim, 1, width),
-        "gdn.o_norm.weight": (config.gdn_head_v_dim,),
-        "gdn.o_proj.weight": (hidden, value_dim),
-    }
+def _checkpoint_shape(shape: tuple[int, ...], singleton: int | None) -> tuple[int, ...]:
+    return shape if singleton is None else (*shape[:singleton], 1, *shape[singleton:])
 
 
 class ZebraMLP(nn.Module):
@@ -180,7 +159,12 @@ class ZebraModel(nn.Module):
         return hidden_states
 
 
-class ZebraForCausalLM(nn.Module, HasInnerState, IsHybrid):
+class ZebraForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsLoRA):
+    packed_modules_mapping = PACKED_MODULES
+    # No LoRA on the embedding or the head: LLaMA-Factory's ``lora_target: all`` leaves both out, and with
+    # none declared vLLM keeps its plain logits processor (whose LoRA variant fails on CPU prompt log-probs).
+    embedding_modules: dict[str, str] = {}
+
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         config: ZebraConfig = vllm_config.model_config.hf_text_config
@@ -234,28 +218,28 @@ class ZebraForCausalLM(nn.Module, HasInnerState, IsHybrid):
         checkpoint's ``lm_head.weight`` is the head whatever the flag says; only a checkpoint that sets the
         flag and omits ``lm_head.weight`` gets the embedding as its head.
         """
-        expected = checkpoint_shapes(self.config)
+        expected = checkpoint_layout(self, self.packed_modules_mapping)
         params = dict(self.named_parameters())
         seen: set[str] = set()
         loaded: set[str] = set()
         for name, tensor in weights:
-            if name not in expected:
+            entry = expected.get(name)
+            if entry is None:
                 raise ValueError(
                     f"checkpoint weight {name!r} is not part of this Zebra model (layer plan {self.config.layer_types}, "
                     f"mla_norm {self.config.mla_norm!r}, q_lora_rank {self.config.q_lora_rank}); "
                     "the checkpoint does not match its config.json"
                 )
-            if tuple(tensor.shape) != expected[name]:
-                raise ValueError(_shape_error(name, tensor, expected[name]))
+            if tuple(tensor.shape) != entry.shape:
+                raise ValueError(_shape_error(name, tensor, entry.shape))
             seen.add(name)
-            target, shard = _vllm_parameter(name)
-            param = params[target]
+            param = params[entry.parameter]
             loader = getattr(param, "weight_loader", default_weight_loader)
-            if shard is None:
+            if entry.shard is None:
                 loader(param, tensor)
             else:
-                loader(param, tensor, shard)
-            loaded.add(target)
+                loader(param, tensor, entry.shard)
+            loaded.add(entry.parameter)
         if self.config.tie_word_embeddings and "lm_head.weight" not in seen:
             seen.add("lm_head.weight")
             self.lm_head.weight.data.copy_(params["model.embed_tokens.weight"].data)
@@ -271,12 +255,3 @@ class ZebraForCausalLM(nn.Module, HasInnerState, IsHybrid):
 
 def _shape_error(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> str:
     return f"checkpoint weight {name!r} has shape {tuple(tensor.shape)}, but this Zebra config needs {shape}"
-
-
-def _vllm_parameter(name: str) -> tuple[str, int | None]:
-    """The vLLM parameter a checkpoint key loads into, and its shard in a stacked parameter."""
-    for mixer, table in (("mlp", MLP_STACKED), ("gdn", GDN_STACKED)):
-        for stacked, original, shard in table:
-            if f".{mixer}.{original}." in name:
-                return name.replace(f".{mixer}.{original}.", f".{mixer}.{stacked}."), shard
-    return name, None

@@ -1,0 +1,86 @@
+"""The vLLM functions the plugin wraps (``serving/vllm/seams.py``): unchanged upstream, wrapped after
+``register()``, and the LoRA fix right against plain code (no engine is started here)."""
+
+import pytest
+import torch
+
+from llamafactory_zebra.serving.vllm import lora, register, seams
+
+
+@pytest.mark.parametrize(("module_name", "attribute", "recorded"), seams.VLLM_SEAMS)
+def test_wrapped_upstream_source_is_the_one_the_fix_was_written_against(module_name, attribute, recorded):
+    current = seams.source_hash(seams.upstream(module_name, attribute))
+    assert current == recorded, (
+        f"vLLM changed {module_name}.{attribute}: re-read it, check whether seams.py's wrapper is still "
+        f"needed and right, then record its new source hash {current} in seams.VLLM_SEAMS"
+    )
+
+
+def test_register_installs_the_wrappers_where_vllm_calls_them():
+    register()
+    register()  # idempotent: vLLM loads the plugin more than once per process
+    from vllm.lora.ops.torch_ops import lora_ops
+    from vllm.lora.punica_wrapper import punica_cpu
+    from vllm.lora.worker_manager import WorkerLoRAManager
+
+    assert lora_ops.bgmv_shrink.__code__.co_name == "zebra_bgmv_shrink"
+    assert punica_cpu.bgmv_shrink is lora_ops.bgmv_shrink
+    assert lora_ops.bgmv_shrink.__wrapped__ is seams.upstream("vllm.lora.ops.torch_ops.lora_ops", "bgmv_shrink")
+    assert WorkerLoRAManager._load_adapter.__code__.co_name == "zebra_load_adapter"
+
+
+def _shrink_case():
+    generator = torch.Generator().manual_seed(0)
+    slots, rank, width = 3, 4, 16
+    stack = torch.randn(slots, 1, rank, width, generator=generator)  # vLLM's lora_a_stacked layout
+    seq_lens = torch.tensor([3, 2, 4, 1])
+    adapters = torch.tensor([0, -1, 2, -1])  # -1: a request without an adapter
+    inputs = torch.randn(int(seq_lens.sum()), width, generator=generator)
+    return stack, seq_lens, adapters, inputs
+
+
+def _plain_shrink(stack, seq_lens, adapters, inputs, scale):
+    """Each token times its request's A, in fp64; zero for a request without an adapter."""
+    rows = []
+    for token, adapter in zip(inputs.double(), torch.repeat_interleave(adapters, seq_lens), strict=True):
+        a = stack[adapter, 0].double() if adapter >= 0 else torch.zeros_like(stack[0, 0], dtype=torch.float64)
+        rows.append(scale * a @ token)
+    return torch.stack(rows)
+
+
+def test_upstream_cpu_shrink_applies_the_last_adapter_to_requests_without_one():
+    """The bug the wrapper fixes, on vLLM's unwrapped op: index -1 reads the last slot."""
+    stack, seq_lens, adapters, inputs = _shrink_case()
+    shrink = seams.upstream("vllm.lora.ops.torch_ops.lora_ops", "bgmv_shrink")
+    out = torch.zeros(len(inputs), stack.shape[2])
+    indices = torch.repeat_interleave(adapters, seq_lens)
+    shrink(inputs, stack, out, indices, 1.0)
+    without = indices < 0
+    torch.testing.assert_close(out[without], inputs[without] @ stack[-1, 0].T)
+
+
+@pytest.mark.parametrize("path", ["prefill", "decode"])
+def test_fixed_shrink_gives_requests_without_an_adapter_nothing(path):
+    register()
+    from vllm.lora.ops.torch_ops import lora_ops
+
+    stack, seq_lens, adapters, inputs = _shrink_case()
+    out = torch.full((len(inputs), stack.shape[2]), float("nan"))
+    if path == "prefill":  # sgmv_shrink: one index per request
+        lora_ops.sgmv_shrink(inputs, stack, out, None, seq_lens, adapters, 4, 4, len(inputs), 0.5)
+    else:  # bgmv_shrink: one index per token
+        lora_ops.bgmv_shrink(inputs, stack, out, torch.repeat_interleave(adapters, seq_lens), 0.5)
+    torch.testing.assert_close(
+        out.double(), _plain_shrink(stack, seq_lens, adapters, inputs, 0.5), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_refusal_names_adapter_reason_and_the_fix_that_applies(tmp_path):
+    (tmp_path / "adapter_config.json").write_text('{"r": 8, "rank_pattern": {"q_proj": 48}}')
+    rank = lora.refusal("mine", str(tmp_path), "LoRA rank 48 is greater than max_lora_rank 16", 16)
+    assert rank.startswith(f"LoRA adapter 'mine' ({tmp_path}) cannot be served by the Zebra vLLM model: LoRA rank 48")
+    assert "--max-lora-rank 64" in rank
+    (tmp_path / "adapter_config.json").write_text('{"r": 8, "use_dora": true}')
+    dora = lora.refusal("mine", str(tmp_path), "vLLM does not yet support DoRA", 16)
+    assert "DoRA" in dora
+    assert f"llamafactory-cli export` (model_name_or_path: BASE, adapter_name_or_path: {tmp_path}" in dora
