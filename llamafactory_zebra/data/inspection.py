@@ -21,7 +21,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..hparams import ZebraArguments, optimizer_steps_per_epoch, total_optimizer_steps
+from ..hparams import (
+    RunArguments,
+    data_parallel_size,
+    optimizer_steps_per_epoch,
+    read_run_arguments,
+    total_optimizer_steps,
+)
 from .report_arithmetic import count_packs, length_summary, map_batches
 from .row_policy import REPORT_ATTRIBUTE
 from .validation import DROP_REASON_COLUMN, split_reason
@@ -84,49 +90,19 @@ class InspectReport:
         }
 
 
-def load_train_arguments(config_path: str) -> tuple[Any, Any, Any, Any, ZebraArguments]:
-    """(model, data, training, finetuning) arguments from a training YAML, parsed as LLaMA-Factory does,
-    plus this plugin's keys (``hparams.ZebraArguments``, e.g. ``sequence_parallel_size``).
+def load_train_arguments(config_path: str) -> RunArguments:
+    """A training YAML's arguments parsed as LLaMA-Factory does, plus this plugin's keys
+    (``hparams.read_run_arguments``).
 
     Keys of other plugins are tolerated; launcher keys (DeepSpeed/FSDP) are ignored, and
     ``output_dir`` may be missing: inspection writes nothing there.
     """
-    from llamafactory.hparams import (
-        DataArguments,
-        FinetuningArguments,
-        GeneratingArguments,
-        ModelArguments,
-        TrainingArguments,
-    )
-    from transformers import HfArgumentParser
-
-    from ..hparams import pop_zebra_arguments, read_training_yaml
-
-    raw, zebra = pop_zebra_arguments(read_training_yaml(config_path))
-    for key in LAUNCH_ONLY_KEYS:
-        raw.pop(key, None)
-    raw["report_to"] = "none"
-    parser = HfArgumentParser(
-        [ModelArguments, DataArguments, TrainingArguments, FinetuningArguments, GeneratingArguments]
-    )
-    model_args, data_args, training_args, finetuning_args, _ = parser.parse_dict(dict(raw), allow_extra_keys=True)
-    if finetuning_args.stage != "sft":
-        raise ValueError(f"{config_path}: data inspect reports SFT data; stage is {finetuning_args.stage!r}")
-    if not data_args.dataset:
+    _, run = read_run_arguments(config_path, ignore=LAUNCH_ONLY_KEYS, overrides={"report_to": "none"})
+    if run.finetuning.stage != "sft":
+        raise ValueError(f"{config_path}: data inspect reports SFT data; stage is {run.finetuning.stage!r}")
+    if not run.data.dataset:
         raise ValueError(f"{config_path}: no `dataset:` to inspect")
-    return model_args, data_args, training_args, finetuning_args, zebra
-
-
-def data_parallel_size(world_size: int | None, sequence_parallel_size: int) -> int:
-    """Ranks that read different batches: GPUs divided by the ranks sharing one sequence."""
-    if sequence_parallel_size < 1:
-        raise ValueError(f"sequence_parallel_size must be at least 1, got {sequence_parallel_size}")
-    world = sequence_parallel_size if world_size is None else world_size
-    if world < 1 or world % sequence_parallel_size:
-        raise ValueError(
-            f"world size {world} is not a positive multiple of sequence_parallel_size {sequence_parallel_size}"
-        )
-    return world // sequence_parallel_size
+    return run
 
 
 def structural_reason(row: dict[str, Any]) -> str:
@@ -308,8 +284,9 @@ def load_inputs(config_path: str, max_rows: int | None, world_size: int | None) 
 
     from ..integration.datasets import install_dataset_seams
 
-    model_args, data_args, training_args, _, zebra = load_train_arguments(config_path)
-    sequence_parallel = zebra.sequence_parallel_size
+    run = load_train_arguments(config_path)
+    model_args, data_args, training_args = run.model, run.data, run.training
+    sequence_parallel = run.zebra.sequence_parallel_size
     data_parallel = data_parallel_size(world_size, sequence_parallel)
     install_dataset_seams()
     transformers.set_seed(training_args.seed)

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-from ..hparams import zebra_arguments
+from ..hparams import check_sequence_parallel_size, zebra_arguments
 from .seams import upstream, wrapped, wrapped_method
 
 # LLaMA-Factory ``flash_attn`` values that reach an attention the SP wrapper can keep samples apart in
@@ -54,8 +54,6 @@ def check_sequence_parallel_setup(
     sp: int, model_args: Any, data_args: Any, training_args: Any, finetuning_args: Any, config: Any
 ) -> None:
     """Raise ``ValueError`` for a run SP cannot do exactly; called before any data is loaded."""
-    from ..parallel import check_sequence_parallel_size
-
     if getattr(config, "model_type", None) != "zebra":
         raise ValueError(
             f"sequence_parallel_size is implemented by llamafactory-zebra for Zebra models only; "
