@@ -44,7 +44,7 @@ from .distill import distill_step
 from .guards import check_training_setup
 from .resume import resume_from_last_complete_checkpoint
 from .seams import is_wrapped, upstream, wrap
-from .sequence_parallel import check_sequence_parallel_setup, sequence_parallel_trainer
+from .sequence_parallel import check_sequence_parallel_setup
 from .tiled_mlp import check_tiled_mlp_setup, tile_mlps
 
 
@@ -110,9 +110,9 @@ def patch_sft_workflow(workflow: ModuleType) -> None:
     if is_wrapped(workflow, "CustomSeq2SeqTrainer"):
         return
     from ..distill.trainer import DistillTrainer
+    from .sequence_parallel_trainer import SequenceParallelTrainer
 
     base = upstream(workflow, "CustomSeq2SeqTrainer")
-    sp_trainer = sequence_parallel_trainer(base)
 
     @functools.wraps(base, updated=())
     def trainer_for_run(*args, **kwargs):
@@ -122,7 +122,7 @@ def patch_sft_workflow(workflow: ModuleType) -> None:
         if zebra.distilling:
             return DistillTrainer(*args, **kwargs)
         if zebra.sequence_parallel_size > 1:
-            return sp_trainer(*args, **kwargs)
+            return SequenceParallelTrainer(*args, **kwargs)
         return base(*args, **kwargs)
 
     wrap(workflow, "CustomSeq2SeqTrainer", trainer_for_run)
