@@ -9,6 +9,11 @@ packing, so this module does the bookkeeping: per dataset and for the mixture in
 rows read, dropped (by reason, with row indices), truncated; token-length percentiles; packed
 sequences at ``cutoff_len``; packing efficiency; optimizer steps per epoch.
 
+The plugin's dataset seams must be in LLaMA-Factory when this runs: the import hook puts them there
+when ``llamafactory.data.loader`` is imported, and ``llamafactory-zebra data inspect`` installs them
+itself (``integration.datasets.install_dataset_seams``, which also checks the private
+``_load_single_dataset`` has not drifted); this module, below ``integration/``, only calls them.
+
 Limits, also printed in the report: a streamed mixture is shuffled over the rows read (one shard),
 while training shuffles the hub's shards, so its packed count is an estimate; per-dataset numbers
 are exact for the rows read.
@@ -282,13 +287,10 @@ def load_inputs(config_path: str, max_rows: int | None, world_size: int | None) 
     from llamafactory.data.template import get_template_and_fix_tokenizer
     from llamafactory.model import load_tokenizer
 
-    from ..integration.datasets import install_dataset_seams
-
     run = load_train_arguments(config_path)
     model_args, data_args, training_args = run.model, run.data, run.training
     sequence_parallel = run.zebra.sequence_parallel_size
     data_parallel = data_parallel_size(world_size, sequence_parallel)
-    install_dataset_seams()
     transformers.set_seed(training_args.seed)
     tokenizer_module = load_tokenizer(model_args)
     tokenizer, processor = tokenizer_module["tokenizer"], tokenizer_module["processor"]
@@ -333,9 +335,7 @@ def measure_datasets(inputs: InspectionInputs, show_progress: bool) -> list[Meas
     from llamafactory.data.parser import get_dataset_list
     from tqdm.auto import tqdm
 
-    from ..integration.seams import upstream
-
-    load_single_dataset = upstream(loader_module, "_load_single_dataset")
+    load_single_dataset = loader_module._load_single_dataset  # the plugin's seam (see the module docstring)
     data_args, training_args, row_limit = inputs.data_args, inputs.training_args, inputs.row_limit
     names = list(data_args.dataset)
     measured: list[MeasuredDataset] = []
