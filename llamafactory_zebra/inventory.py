@@ -1,18 +1,20 @@
 """The parameters a Zebra model has for a config, read off the model itself built on the meta device.
 
-One function builds that model (:func:`meta_model`; :func:`meta_gdn_mixer` one GDN mixer of it) and one lists its weights' names and shapes
-(:func:`parameter_shapes`); importing, verifying and converting checkpoints, the memory planner and the
-4-bit loading rule all ask them, so a change to the layers reaches every one of them without a second
-copy of the layout. A meta-device build allocates nothing (the 2.28B model builds in about a tenth of a
-second); shapes are cached per configuration because the planner and the converter ask for the same
+:func:`meta_model` builds that model and :func:`parameter_shapes` lists its weights' names and shapes;
+:func:`meta_gdn_mixer` builds one GDN mixer for the converter, which initialises GDN in place of layers
+the config may still plan as MLA. ``llamafactory-zebra import`` (the released keys), ``convert`` (every
+tensor it writes, every GDN it initialises) and the memory planner (its modules) ask them, so a change to
+the layers reaches each of them without a second copy of the layout. A meta-device build allocates
+nothing; shapes are cached per configuration because the planner and the converter ask for the same
 model many times.
 
 AMD's released checkpoints use the same weight names as this package's native ones: the released
-layout differs in its config files and in which MLA norms the weights carry, which
-``config.mla_norm`` selects (``released.keys.detect_mla_norm`` reads it from the key names).
+layout differs in its config files and in which MLA norms the weights carry, which ``config.mla_norm``
+selects (``released.keys.detect_mla_norm`` reads it from the key names, with the one name list kept
+below the model, checked against this one by ``tests/test_inventory.py``).
 
-Imports the model and the config only (torch and transformers, never LLaMA-Factory or vLLM), so
-serving code can import it.
+Imports the model, its layers and the config only (torch and transformers, never LLaMA-Factory or vLLM),
+so serving code can import it.
 """
 
 from __future__ import annotations
