@@ -42,6 +42,7 @@ from .layers.tiled_mlp import AUTO, set_mlp_tiles, tiled_mlp_forward
 from .loss import fused_causal_lm_loss, liger_can_run
 from .packing import block_causal_mask, cu_seqlens_from_segment_ids, flash_varlen_kwargs, packed_segment_ids
 from .parallel import SequenceParallelContext, build_sequence_parallel_context, gather_row_segment_ids
+from .quantization import keep_unfit_linears_out_of_4bit, wants_bnb_4bit
 from .released import RELEASED_LAYOUT, checkpoint_layout, load_released_config
 
 
@@ -467,6 +468,8 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.fused_cross_entropy: str | None = None
         self.post_init()
+        if wants_bnb_4bit(getattr(config, "quantization_config", None)):
+            keep_unfit_linears_out_of_4bit(self)  # transformers sets quantization_config before building
 
     @can_return_tuple
     def forward(

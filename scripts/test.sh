@@ -3,7 +3,8 @@
 # extra, ruff (lint and format check: CI fails on either), pytest.
 # Usage (from the repository root):  bash scripts/test.sh [--fast] [pytest args]
 #   --fast: the edit loop, `-m "not slow"`: leaves out the tests marked slow (those that start
-#   llamafactory-cli, torchrun, a browser or another Python process); CI runs the whole suite.
+#   llamafactory-cli, torchrun, a browser or another Python process) but the serving smoke test
+#   (tests/test_serving_smoke.py, where .venv-vllm exists); CI runs the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

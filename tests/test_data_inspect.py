@@ -114,7 +114,7 @@ def test_sequence_parallel_ranks_share_batches(write_config):
     assert inspect_training_data(config, show_progress=False).settings["data_parallel_size"] == 1
     report = inspect_training_data(config, world_size=6, show_progress=False)
     assert report.settings["data_parallel_size"] == 3 and report.datasets[0].steps_per_epoch == 2
-    with pytest.raises(ValueError, match="world size 3 is not a positive multiple of sequence_parallel_size 2"):
+    with pytest.raises(ValueError, match=r"sequence_parallel_size=2 does not divide the number of processes \(3\)"):
         inspect_training_data(config, world_size=3, show_progress=False)
 
 
@@ -147,7 +147,8 @@ def test_mixture_packing_matches_llamafactorys_own_dataset(write_config):
     assert report.mixture.train_tokens == 229 + 102
     assert report.mixture.packing_efficiency == pytest.approx(331 / (6 * 64))
 
-    model_args, data_args, training_args, _, _ = load_train_arguments(config)
+    run = load_train_arguments(config)
+    model_args, data_args, training_args = run.model, run.data, run.training
     tokenizer = load_tokenizer(model_args)["tokenizer"]
     template = get_template_and_fix_tokenizer(tokenizer, data_args)
     train = get_dataset(template, model_args, data_args, training_args, "sft", tokenizer)["train_dataset"]

@@ -60,3 +60,41 @@ def test_the_package_has_no_import_cycle():
     assert "llamafactory_zebra.released.layout" in graph["llamafactory_zebra.released"]
     assert "llamafactory_zebra.released" in graph["llamafactory_zebra.modeling_zebra"]
     assert _cycle(graph) is None, " → ".join(_cycle(graph))
+
+
+# The floors, low to high: a module imports from its own floor or lower ones. Top-level modules and
+# sub-packages by name ("" is the package's own ``__init__``).
+FLOORS = [
+    {"configuration_zebra", "presets", "hparams", "loss", "packing", "quantization", "rope", "attention_policy"},
+    {"kernels"},
+    {"ops"},
+    {"parallel"},
+    {"layers"},
+    {"released"},
+    {"modeling_zebra"},
+    {"", "inventory"},
+    {"data", "distill", "planning", "convert", "evaluation", "environment", "serving", "testing"},
+    {"integration"},
+    {"cli", "_autoload"},
+]
+# Each import that still goes up, and why (see the docstring where it stands).
+UPWARD = {
+    ("released", "inventory"): "released/__init__.py: import checks weight names against the inventory",
+}
+
+
+def _floor(module: str) -> int:
+    parts = module.split(".")
+    name = parts[1] if len(parts) > 1 else ""
+    floor = next((index for index, floor in enumerate(FLOORS) if name in floor), None)
+    assert floor is not None, f"{module}: put {name!r} on a floor in FLOORS"
+    return floor
+
+
+def test_imports_go_down_the_floors_except_the_listed_ones():
+    upward = set()
+    for module, targets in _import_graph().items():
+        for target in targets:
+            if _floor(target) > _floor(module):
+                upward.add((module.split(".")[1], target.split(".")[1]))
+    assert upward <= set(UPWARD), sorted(upward - set(UPWARD))

@@ -67,10 +67,12 @@ def run_list(args: argparse.Namespace) -> int:
 def run_inspect(args: argparse.Namespace) -> int:
     from ..data.histogram import write_length_histogram
     from ..data.inspection import inspect_training_data
+    from ..integration.datasets import install_dataset_seams
 
     if args.max_rows is not None and args.max_rows < 1:
         print("error: --max-rows must be at least 1", file=sys.stderr)
         return 2
+    install_dataset_seams()  # also in a process without the import hook
     try:
         report = inspect_training_data(
             args.config,

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from ..configuration_zebra import ZebraConfig
-from ..layers.gated_deltanet import ZebraGatedDeltaNet
+from ..inventory import meta_gdn_mixer
+from ..modeling_zebra import ZebraPreTrainedModel
 
 
 def expand_kv_heads(weight: torch.Tensor, num_kv_heads: int, num_heads: int) -> torch.Tensor:
@@ -50,10 +51,7 @@ def init_gdn_from_attention(
     are drawn at all (for Qwen3-1.7B that skips 60% of the layer's random numbers, a sixth of a whole
     conversion's time); seeded per layer without touching the caller's RNG.
     """
-    from ..modeling_zebra import ZebraPreTrainedModel
-
-    with torch.device("meta"):
-        module = ZebraGatedDeltaNet(config, layer_idx)
+    module = meta_gdn_mixer(config, layer_idx)
     module.to_empty(device="cpu")
     initialiser = ZebraPreTrainedModel(config)  # holds no layers; carries the config into _init_weights
     sources = {
@@ -80,9 +78,8 @@ def init_gdn_from_attention(
 
 
 def _fresh_linear_weight(initialiser: torch.nn.Module, rows: int, columns: int) -> torch.Tensor:
-    """``rows`` fresh rows of a linear weight, drawn by ``_init_weights`` as it draws a whole ``nn.Linear``."""
-    with torch.device("meta"):
-        linear = torch.nn.Linear(columns, rows, bias=False)
-    linear.to_empty(device="cpu")
+    """``rows`` fresh rows of a linear weight, drawn by ``_init_weights`` as it draws a whole ``nn.Linear``
+    (``skip_init``: torch's constructor would draw them once more)."""
+    linear = torch.nn.utils.skip_init(torch.nn.Linear, columns, rows, bias=False)
     initialiser._init_weights(linear)
     return linear.weight.detach()

@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..configuration_zebra import GDN, MLA, MLA_NORM_NONE, MLA_NORM_QK_HEAD, ZebraConfig
+from ..inventory import parameter_shapes
 from ..released import TOKENIZER_AND_GENERATION_FILES
 from .gdn_init import init_gdn_from_attention
 from .mla_init import init_mla_from_attention
@@ -194,11 +195,8 @@ def convert_checkpoint(
 
 
 def _write_model(planner: _Planner, progress: bool) -> ConversionReport:
-    from ..modeling_zebra import ZebraForCausalLM
-
     shape, config, checkpoint, dtype = planner.shape, planner.config, planner.checkpoint, planner.dtype
-    with torch.device("meta"):
-        expected = {name: tuple(t.shape) for name, t in ZebraForCausalLM(config).state_dict().items()}
+    expected = parameter_shapes(config)
     written: set[str] = set()
     writer = ShardedSafetensorsWriter(planner.output, planner.options.max_shard_bytes)
 

@@ -9,6 +9,11 @@ packing, so this module does the bookkeeping: per dataset and for the mixture in
 rows read, dropped (by reason, with row indices), truncated; token-length percentiles; packed
 sequences at ``cutoff_len``; packing efficiency; optimizer steps per epoch.
 
+The plugin's dataset seams must be in LLaMA-Factory when this runs: the import hook puts them there
+when ``llamafactory.data.loader`` is imported, and ``llamafactory-zebra data inspect`` installs them
+itself (``integration.datasets.install_dataset_seams``, which also checks the private
+``_load_single_dataset`` has not drifted); this module, below ``integration/``, only calls them.
+
 Limits, also printed in the report: a streamed mixture is shuffled over the rows read (one shard),
 while training shuffles the hub's shards, so its packed count is an estimate; per-dataset numbers
 are exact for the rows read.
@@ -21,7 +26,13 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..hparams import ZebraArguments, optimizer_steps_per_epoch, total_optimizer_steps
+from ..hparams import (
+    RunArguments,
+    data_parallel_size,
+    optimizer_steps_per_epoch,
+    read_run_arguments,
+    total_optimizer_steps,
+)
 from .report_arithmetic import count_packs, length_summary, map_batches
 from .row_policy import REPORT_ATTRIBUTE
 from .validation import DROP_REASON_COLUMN, split_reason
@@ -84,49 +95,19 @@ class InspectReport:
         }
 
 
-def load_train_arguments(config_path: str) -> tuple[Any, Any, Any, Any, ZebraArguments]:
-    """(model, data, training, finetuning) arguments from a training YAML, parsed as LLaMA-Factory does,
-    plus this plugin's keys (``hparams.ZebraArguments``, e.g. ``sequence_parallel_size``).
+def load_train_arguments(config_path: str) -> RunArguments:
+    """A training YAML's arguments parsed as LLaMA-Factory does, plus this plugin's keys
+    (``hparams.read_run_arguments``).
 
     Keys of other plugins are tolerated; launcher keys (DeepSpeed/FSDP) are ignored, and
     ``output_dir`` may be missing: inspection writes nothing there.
     """
-    from llamafactory.hparams import (
-        DataArguments,
-        FinetuningArguments,
-        GeneratingArguments,
-        ModelArguments,
-        TrainingArguments,
-    )
-    from transformers import HfArgumentParser
-
-    from ..hparams import pop_zebra_arguments, read_training_yaml
-
-    raw, zebra = pop_zebra_arguments(read_training_yaml(config_path))
-    for key in LAUNCH_ONLY_KEYS:
-        raw.pop(key, None)
-    raw["report_to"] = "none"
-    parser = HfArgumentParser(
-        [ModelArguments, DataArguments, TrainingArguments, FinetuningArguments, GeneratingArguments]
-    )
-    model_args, data_args, training_args, finetuning_args, _ = parser.parse_dict(dict(raw), allow_extra_keys=True)
-    if finetuning_args.stage != "sft":
-        raise ValueError(f"{config_path}: data inspect reports SFT data; stage is {finetuning_args.stage!r}")
-    if not data_args.dataset:
+    _, run = read_run_arguments(config_path, ignore=LAUNCH_ONLY_KEYS, overrides={"report_to": "none"})
+    if run.finetuning.stage != "sft":
+        raise ValueError(f"{config_path}: data inspect reports SFT data; stage is {run.finetuning.stage!r}")
+    if not run.data.dataset:
         raise ValueError(f"{config_path}: no `dataset:` to inspect")
-    return model_args, data_args, training_args, finetuning_args, zebra
-
-
-def data_parallel_size(world_size: int | None, sequence_parallel_size: int) -> int:
-    """Ranks that read different batches: GPUs divided by the ranks sharing one sequence."""
-    if sequence_parallel_size < 1:
-        raise ValueError(f"sequence_parallel_size must be at least 1, got {sequence_parallel_size}")
-    world = sequence_parallel_size if world_size is None else world_size
-    if world < 1 or world % sequence_parallel_size:
-        raise ValueError(
-            f"world size {world} is not a positive multiple of sequence_parallel_size {sequence_parallel_size}"
-        )
-    return world // sequence_parallel_size
+    return run
 
 
 def structural_reason(row: dict[str, Any]) -> str:
@@ -306,12 +287,10 @@ def load_inputs(config_path: str, max_rows: int | None, world_size: int | None) 
     from llamafactory.data.template import get_template_and_fix_tokenizer
     from llamafactory.model import load_tokenizer
 
-    from ..integration.datasets import install_dataset_seams
-
-    model_args, data_args, training_args, _, zebra = load_train_arguments(config_path)
-    sequence_parallel = zebra.sequence_parallel_size
+    run = load_train_arguments(config_path)
+    model_args, data_args, training_args = run.model, run.data, run.training
+    sequence_parallel = run.zebra.sequence_parallel_size
     data_parallel = data_parallel_size(world_size, sequence_parallel)
-    install_dataset_seams()
     transformers.set_seed(training_args.seed)
     tokenizer_module = load_tokenizer(model_args)
     tokenizer, processor = tokenizer_module["tokenizer"], tokenizer_module["processor"]
@@ -356,9 +335,7 @@ def measure_datasets(inputs: InspectionInputs, show_progress: bool) -> list[Meas
     from llamafactory.data.parser import get_dataset_list
     from tqdm.auto import tqdm
 
-    from ..integration.seams import upstream
-
-    load_single_dataset = upstream(loader_module, "_load_single_dataset")
+    load_single_dataset = loader_module._load_single_dataset  # the plugin's seam (see the module docstring)
     data_args, training_args, row_limit = inputs.data_args, inputs.training_args, inputs.row_limit
     names = list(data_args.dataset)
     measured: list[MeasuredDataset] = []

@@ -19,14 +19,13 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .parallel_sizes import check_sequence_parallel_size
+
 DISTILL_MODES = ("ild", "kd")
 ILD_LOSSES = ("l2", "mse")
 ILD_TRAINABLE = ("layers", "mixers")
 # The attribute of LLaMA-Factory's ``FinetuningArguments`` that carries the parsed keys through the run.
 STORED_ON = "zebra"
-# Integer keys whose smallest value is 1 (``HfArgumentParser`` hands field metadata to argparse, so such
-# facts cannot live there).
-POSITIVE_INTEGERS = ("sequence_parallel_size",)
 
 
 def layer_indices(value: Any) -> list[int] | None:
@@ -94,8 +93,9 @@ class ZebraArguments:
         # checking the values, so they are checked against the field types here, once for every key.
         hints = typing.get_type_hints(type(self))
         for item in dataclasses.fields(self):
-            if item.name != "ild_layers":
+            if item.name not in ("ild_layers", "sequence_parallel_size"):
                 _check_value(item.name, getattr(self, item.name), hints[item.name])
+        check_sequence_parallel_size(self.sequence_parallel_size)
         self.ild_layers = layer_indices(self.ild_layers)
 
     @property
@@ -121,11 +121,11 @@ def _check_value(name: str, value: Any, hint: Any) -> None:
     number = not isinstance(value, bool)
     expected, valid = {
         bool: ("true or false", isinstance(value, bool)),
-        int: ("a positive integer" if name in POSITIVE_INTEGERS else "an integer", number and isinstance(value, int)),
+        int: ("an integer", number and isinstance(value, int)),
         float: ("a number", number and isinstance(value, int | float)),
         str: ("a string", isinstance(value, str)),
     }[hint]
-    if not valid or (name in POSITIVE_INTEGERS and value < 1):
+    if not valid:
         raise ValueError(f"{name} must be {expected}, got {value!r}")
 
 

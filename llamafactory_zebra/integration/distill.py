@@ -21,20 +21,20 @@ from typing import Any
 from ..attention_policy import FLASH_ATTENTION_BACKENDS, attn_implementation_for
 from ..distill.checks import check_distill_setup
 from ..distill.metrics import METRIC_PREFIXES
-from ..hparams import ZebraArguments
+from ..hparams import RunArguments, ZebraArguments
 from .seams import is_wrapped, register_sinkless_flash_attention, upstream, wrap, wrapped_method
 
 
-def distill_step(distill: ZebraArguments, parsed: tuple[Any, ...], logger: Any) -> None:
+def distill_step(run: RunArguments, logger: Any) -> None:
     """Check the distillation keys when ``distill`` is set, and keep the student's ``trust_remote_code`` for
     loading the teacher."""
-    model_args, _, _, finetuning_args, _ = parsed
+    distill = run.zebra
     if not distill.distilling:
         return
-    check_distill_setup(distill, model_args, finetuning_args)
-    if attn_implementation_for(model_args.flash_attn) in FLASH_ATTENTION_BACKENDS:
+    check_distill_setup(distill, run.model, run.finetuning)
+    if attn_implementation_for(run.model.flash_attn) in FLASH_ATTENTION_BACKENDS:
         register_sinkless_flash_attention()
-    distill.trust_remote_code = bool(model_args.trust_remote_code)
+    distill.trust_remote_code = bool(run.model.trust_remote_code)
     from llamafactory.train import callbacks
 
     patch_log_callback(callbacks)

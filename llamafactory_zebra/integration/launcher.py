@@ -40,8 +40,7 @@ def refusal(argv: list[str], misc: ModuleType) -> str | None:
     """The one-line reason ``llamafactory-cli train`` (``argv`` as the launcher got it) cannot start, or ``None``."""
     from llamafactory.hparams import parser
 
-    from ..hparams import pop_zebra_arguments
-    from ..parallel.layout import check_sequence_parallel_size
+    from ..hparams import check_sequence_parallel_size, pop_zebra_arguments
 
     world = launch_world_size(misc)
     saved, sys.argv = sys.argv, [argv[0], *argv[2:]]  # what each worker's read_args sees

@@ -10,7 +10,9 @@ wiring needs accelerate >= 1.12, which LLaMA-Factory pins out. So the plugin add
   setup is checked (world size, attention backend, head count, ``cutoff_len``, unsupported options)
   before any data is loaded.
 - ``train.sft.workflow.CustomSeq2SeqTrainer`` (wrapped in ``training.py``): with SP > 1 the SFT
-  workflow builds :func:`sequence_parallel_trainer`'s subclass of LLaMA-Factory's trainer instead.
+  workflow builds ``sequence_parallel_trainer.SequenceParallelTrainer``, a subclass of LLaMA-Factory's
+  trainer, instead (in its own module, imported only then, as the distillation trainer is: importing
+  LLaMA-Factory's trainer while its argument parser loads would be circular and slow every command).
 - ``accelerate.Accelerator.prepare``, on that trainer's accelerator while it builds the training
   dataloader only (``seams.wrapped_method``): the loader is sharded over data-parallel ranks.
 - ``deepspeed.initialize`` (looked up by accelerate at call time), during ``train()`` only: DeepSpeed
@@ -33,8 +35,8 @@ from types import ModuleType
 from typing import Any
 
 from ..attention_policy import sequence_parallel_accepts_flash_attn
-from ..hparams import zebra_arguments
-from .seams import upstream, wrapped, wrapped_method
+from ..hparams import check_sequence_parallel_size
+from .seams import upstream, wrapped
 
 UNSUPPORTED_WITH_SP = (
     ("predict_with_generate", "generation"),
@@ -51,8 +53,6 @@ def check_sequence_parallel_setup(
     sp: int, model_args: Any, data_args: Any, training_args: Any, finetuning_args: Any, config: Any
 ) -> None:
     """Raise ``ValueError`` for a run SP cannot do exactly; called before any data is loaded."""
-    from ..parallel import check_sequence_parallel_size
-
     if getattr(config, "model_type", None) != "zebra":
         raise ValueError(
             f"sequence_parallel_size is implemented by llamafactory-zebra for Zebra models only; "
@@ -135,57 +135,3 @@ def deepspeed_initialize_with_mpu(mpu: ModuleType, dp_size: int) -> Iterator[Non
 
     with wrapped(deepspeed, "initialize", initialize_with_mpu):
         yield
-
-
-def sequence_parallel_trainer(base: type) -> type:
-    """Subclass LLaMA-Factory's SFT trainer (``base``) for SP; see the module doc for what changes."""
-
-    class SequenceParallelTrainer(base):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            from ..parallel import enable_sequence_parallel, layout_from_deepspeed, new_layout
-
-            sp = zebra_arguments(self.finetuning_args).sequence_parallel_size
-            if self.is_deepspeed_enabled:
-                self.sp_layout, self.sp_mpu = layout_from_deepspeed(sp)
-            else:
-                self.sp_layout, self.sp_mpu = new_layout(sp), None
-            enable_sequence_parallel(self.model, self.sp_layout)
-            # Zebra's forward takes num_items_in_batch and shift_labels: the token weighting must reach it.
-            self.model_accepts_loss_kwargs = True
-            self.sp_pad_token_id = getattr(self.processing_class, "pad_token_id", None) or 0
-
-        def get_train_dataloader(self):
-            """The Trainer's own dataloader, prepared for data-parallel ranks: its ``accelerator.prepare``
-            call (``Trainer._get_dataloader``) is this trainer's only one during this method."""
-            accelerator, layout = self.accelerator, self.sp_layout
-
-            @functools.wraps(accelerator.prepare)
-            def prepare_per_data_parallel_rank(dataloader):
-                return prepare_data_parallel_loader(accelerator, dataloader, layout.dp_size, layout.dp_rank)
-
-            with wrapped_method(accelerator, "prepare", prepare_per_data_parallel_rank):
-                return super().get_train_dataloader()
-
-        def _get_num_items_in_batch(self, batch_samples, device):
-            """Target tokens of the whole rows; every SP rank counted them, so the gathered sum is ``sp`` times
-            the data-parallel total."""
-            count = super()._get_num_items_in_batch(batch_samples, device)
-            return count / self.sp_layout.size if count is not None else None
-
-        def _prepare_inputs(self, inputs):
-            from ..parallel import shard_batch
-
-            inputs = super()._prepare_inputs(inputs)
-            shard = shard_batch(inputs, self.sp_layout, pad_token_id=self.sp_pad_token_id)
-            shard.pop("num_items_in_batch", None)
-            return shard
-
-        def train(self, *args, **kwargs):
-            if self.sp_mpu is None:
-                return super().train(*args, **kwargs)
-            with deepspeed_initialize_with_mpu(self.sp_mpu, self.sp_layout.dp_size):
-                return super().train(*args, **kwargs)
-
-    SequenceParallelTrainer.__name__ = SequenceParallelTrainer.__qualname__ = f"SequenceParallel{base.__name__}"
-    return SequenceParallelTrainer

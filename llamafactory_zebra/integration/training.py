@@ -6,7 +6,8 @@ One wrapper runs the steps in this order (each step lives with its feature):
 1. the plugin's own keys leave the arguments and are parsed into ``hparams.ZebraArguments``
    (``sequence_parallel_size``, ``tiled_mlp``, the ``distill`` keys): LLaMA-Factory's parser rejects
    unknown keys;
-2. LLaMA-Factory parses the rest, and the plugin's keys are stored on ``finetuning_args``;
+2. LLaMA-Factory parses the rest; its five dataclasses and the plugin's keys travel on as one
+   ``hparams.RunArguments`` (fields by name), and the plugin's keys are stored on ``finetuning_args``;
 3. sequence parallelism: the setup is checked (world size, attention backend, heads, ``cutoff_len``)
    — ``sequence_parallel.py``;
 4. tiled MLP: the setup is checked — ``tiled_mlp.py``;
@@ -32,7 +33,14 @@ from types import ModuleType
 from typing import Any
 
 from ..configuration_zebra import ZebraConfig
-from ..hparams import ZebraArguments, pop_zebra_arguments, store_zebra_arguments, zebra_arguments
+from ..hparams import (
+    RunArguments,
+    ZebraArguments,
+    data_parallel_size,
+    pop_zebra_arguments,
+    store_zebra_arguments,
+    zebra_arguments,
+)
 from ..released import checkpoint_layout, load_checkpoint_config
 from .config_conflicts import arguments_source
 from .distill import distill_step
@@ -40,37 +48,34 @@ from .guards import check_training_setup
 from .kernel_choice import training_kernel_step
 from .resume import resume_from_last_complete_checkpoint
 from .seams import is_wrapped, upstream, wrap
-from .sequence_parallel import check_sequence_parallel_setup, sequence_parallel_trainer
+from .sequence_parallel import check_sequence_parallel_setup
 from .tiled_mlp import check_tiled_mlp_setup, tile_mlps
 
-TrainArgs = tuple[Any, Any, Any, Any, Any]
 
-
-def sequence_parallel_step(sp: int, parsed: TrainArgs, config: ZebraConfig | None, logger: Any) -> None:
-    model_args, data_args, training_args, finetuning_args, _ = parsed
+def sequence_parallel_step(run: RunArguments, config: ZebraConfig | None, logger: Any) -> None:
+    sp = run.zebra.sequence_parallel_size
     if sp > 1:
-        check_sequence_parallel_setup(sp, model_args, data_args, training_args, finetuning_args, config)
+        check_sequence_parallel_setup(sp, run.model, run.data, run.training, run.finetuning, config)
         logger.info_rank0(
-            f"llamafactory-zebra: sequence parallelism {sp} x data parallelism {training_args.world_size // sp}"
+            f"llamafactory-zebra: sequence parallelism {sp} x data parallelism "
+            f"{data_parallel_size(run.training.world_size, sp)}"
         )
 
 
-def tiled_mlp_step(tiled: bool, parsed: TrainArgs) -> None:
-    model_args, _, training_args, _, _ = parsed
-    if tiled:
-        check_tiled_mlp_setup(model_args, training_args)
+def tiled_mlp_step(run: RunArguments) -> None:
+    if run.zebra.tiled_mlp:
+        check_tiled_mlp_setup(run.model, run.training)
 
 
-def guard_step(parsed: TrainArgs, config: ZebraConfig | None, arguments: str, logger: Any) -> None:
+def guard_step(run: RunArguments, config: ZebraConfig | None, arguments: str, logger: Any) -> None:
     if config is None:
         return
-    model_args, data_args, training_args, finetuning_args, _ = parsed
-    model_args.block_diag_attn = False
+    run.model.block_diag_attn = False
     for warning in check_training_setup(
-        model_args, data_args, training_args, finetuning_args, config, arguments=arguments
+        run.model, run.data, run.training, run.finetuning, config, arguments=arguments
     ):
         logger.warning_rank0(f"llamafactory-zebra: {warning}")
-    resume_from_last_complete_checkpoint(training_args, logger)
+    resume_from_last_complete_checkpoint(run.training, logger)
 
 
 def on_parser_loaded(parser: ModuleType) -> None:
@@ -81,20 +86,20 @@ def on_parser_loaded(parser: ModuleType) -> None:
     def zebra_get_train_args(args=None):
         arguments = arguments_source(args)
         args, zebra = pop_zebra_arguments(read_args(args))
-        parsed = get_train_args(args)
-        store_zebra_arguments(parsed[3], zebra)
-        path = parsed[0].model_name_or_path
+        run = RunArguments.from_llamafactory(get_train_args(args), zebra)
+        store_zebra_arguments(run.finetuning, zebra)
+        path = run.model.model_name_or_path
         config = load_checkpoint_config(path) if checkpoint_layout(path) else None
-        sequence_parallel_step(zebra.sequence_parallel_size, parsed, config, parser.logger)
-        tiled_mlp_step(zebra.tiled_mlp, parsed)
-        distill_step(zebra, parsed, parser.logger)
-        training_kernel_step(parsed[0], parsed[2], parser.logger)
-        guard_step(parsed, config, arguments, parser.logger)
+        sequence_parallel_step(run, config, parser.logger)
+        tiled_mlp_step(run)
+        distill_step(run, parser.logger)
+        training_kernel_step(run.model, run.training, parser.logger)
+        guard_step(run, config, arguments, parser.logger)
         if needs_trainer_wrapper(zebra):
             from llamafactory.train.sft import workflow
 
             patch_sft_workflow(workflow)
-        return parsed
+        return run.llamafactory_tuple()
 
     wrap(parser, "get_train_args", zebra_get_train_args)
 
@@ -110,9 +115,9 @@ def patch_sft_workflow(workflow: ModuleType) -> None:
     if is_wrapped(workflow, "CustomSeq2SeqTrainer"):
         return
     from ..distill.trainer import DistillTrainer
+    from .sequence_parallel_trainer import SequenceParallelTrainer
 
     base = upstream(workflow, "CustomSeq2SeqTrainer")
-    sp_trainer = sequence_parallel_trainer(base)
 
     @functools.wraps(base, updated=())
     def trainer_for_run(*args, **kwargs):
@@ -122,7 +127,7 @@ def patch_sft_workflow(workflow: ModuleType) -> None:
         if zebra.distilling:
             return DistillTrainer(*args, **kwargs)
         if zebra.sequence_parallel_size > 1:
-            return sp_trainer(*args, **kwargs)
+            return SequenceParallelTrainer(*args, **kwargs)
         return base(*args, **kwargs)
 
     wrap(workflow, "CustomSeq2SeqTrainer", trainer_for_run)

@@ -9,7 +9,7 @@
 """
 
 from .context import SequenceParallelContext, build_sequence_parallel_context, gather_row_segment_ids
-from .layout import SequenceParallelLayout, check_sequence_parallel_size, layout_from_deepspeed, new_layout
+from .layout import SequenceParallelLayout, layout_from_deepspeed, new_layout
 from .model import enable_sequence_parallel
 from .sharding import pad_rows_for_sequence_parallel, shard_batch
 
@@ -17,7 +17,6 @@ __all__ = [
     "SequenceParallelContext",
     "SequenceParallelLayout",
     "build_sequence_parallel_context",
-    "check_sequence_parallel_size",
     "enable_sequence_parallel",
     "gather_row_segment_ids",
     "layout_from_deepspeed",

@@ -14,15 +14,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
-
-def check_sequence_parallel_size(sp: int, world: int) -> None:
-    if not isinstance(sp, int) or isinstance(sp, bool) or sp < 1:
-        raise ValueError(f"sequence_parallel_size must be a positive integer, got {sp!r}")
-    if world % sp:
-        raise ValueError(
-            f"sequence_parallel_size={sp} does not divide the number of processes ({world}); "
-            f"use one of {[d for d in range(1, world + 1) if world % d == 0]} or change the process count"
-        )
+from ..hparams.parallel_sizes import check_sequence_parallel_size, data_parallel_size
 
 
 @dataclass(frozen=True)
@@ -46,7 +38,7 @@ class SequenceParallelLayout:
 def _layout(group: ProcessGroup | None, sp: int) -> SequenceParallelLayout:
     rank = dist.get_rank()
     return SequenceParallelLayout(
-        group=group, rank=rank % sp, size=sp, dp_rank=rank // sp, dp_size=dist.get_world_size() // sp
+        group=group, rank=rank % sp, size=sp, dp_rank=rank // sp, dp_size=data_parallel_size(dist.get_world_size(), sp)
     )
 
 

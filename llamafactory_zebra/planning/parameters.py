@@ -1,4 +1,5 @@
-"""Every parameterised module of a Zebra model, read off the model itself built on the meta device.
+"""Every parameterised module of a Zebra model, read off the model itself built on the meta device
+(``inventory.meta_model``).
 
 The memory planner needs more than a total: DeepSpeed ZeRO-3 gathers one module at a time (so the
 largest module sets a working-set floor), LoRA adds ``r·(in + out)`` per targeted ``Linear``, and freeze
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..configuration_zebra import MLA, ZebraConfig
+from ..inventory import meta_model
 
 
 @dataclass(frozen=True)
@@ -40,12 +42,8 @@ _INVENTORIES: dict[str, tuple[ModuleParams, ...]] = {}
 
 
 def _build_inventory(config: ZebraConfig) -> tuple[ModuleParams, ...]:
-    from ..modeling_zebra import ZebraForCausalLM
-
-    with torch.device("meta"):
-        model = ZebraForCausalLM(config)
     modules = []
-    for name, module in model.named_modules():
+    for name, module in meta_model(config).named_modules():
         params = sum(p.numel() for p in module.parameters(recurse=False))
         if params:
             linear = (module.in_features, module.out_features) if isinstance(module, torch.nn.Linear) else None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..attention_policy import PACKED_DENSE_MASK, packed_attention_kernel
 from ..configuration_zebra import ZebraConfig
+from ..hparams import check_sequence_parallel_size
 from .activations import ActivationEstimate, Kernels, activation_estimate, inference_cache_bytes, loss_memory
 from .hardware import usable_bytes
 from .model_states import ModelStates, Sharding, model_state_bytes
@@ -58,13 +59,10 @@ class TrainingSetup:
     deepspeed_label: str = "none"
 
     def __post_init__(self) -> None:
-        for name in ("cutoff_len", "micro_batch", "gpus", "sequence_parallel"):
+        for name in ("cutoff_len", "micro_batch", "gpus"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.gpus % self.sequence_parallel:
-            raise ValueError(
-                f"sequence_parallel_size {self.sequence_parallel} must divide the number of GPUs ({self.gpus})"
-            )
+        check_sequence_parallel_size(self.sequence_parallel, self.gpus)
         if self.finetuning_type not in ("full", "lora", "freeze"):
             raise ValueError(f"finetuning_type must be full, lora or freeze, got {self.finetuning_type!r}")
 

@@ -1,9 +1,8 @@
 """Turn a LLaMA-Factory training YAML into a ``TrainingSetup``, the way LLaMA-Factory itself reads it.
 
-The file is read by ``hparams.read_training_yaml`` (as ``llamafactory.hparams.parser.read_args`` does);
-the plugin's keys (``sequence_parallel_size``) are parsed into ``hparams.ZebraArguments`` and the rest
-into LLaMA-Factory's own ``ModelArguments``, ``DataArguments`` and ``FinetuningArguments``, so defaults
-and validation are LLaMA-Factory's and the plugin's own. ``TrainingArguments`` is the exception: its ``__post_init__`` checks the
+The file is read and parsed by ``hparams.read_run_arguments`` (as ``llamafactory.hparams.parser.read_args``
+reads it): the plugin's keys (``sequence_parallel_size``) into ``hparams.ZebraArguments`` and the rest
+into LLaMA-Factory's own dataclasses, so defaults and validation are LLaMA-Factory's and the plugin's own. ``TrainingArguments`` is the exception: its ``__post_init__`` checks the
 *current* machine (bf16 needs a GPU, DeepSpeed initialises accelerate), and the plan is usually made on
 another one; its few fields that matter are read from the YAML with the dataclass's defaults.
 """
@@ -18,7 +17,7 @@ from typing import Any
 
 from ..attention_policy import PLANNER_ATTENTION, attn_implementation_for
 from ..configuration_zebra import ZebraConfig
-from ..hparams import pop_zebra_arguments, read_training_yaml
+from ..hparams import read_run_arguments
 from ..presets import PRESET_HUB_IDS, PRESETS
 from ..released import checkpoint_layout, load_checkpoint_config
 from .plan import TrainingSetup
@@ -103,13 +102,8 @@ def setup_from_yaml(
     gpu_label: str,
     sequence_parallel: int | None = None,
 ) -> TrainingSetup:
-    from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArguments
-    from transformers import HfArgumentParser
-
-    values, zebra = pop_zebra_arguments(read_training_yaml(path))
-    model_args, data_args, finetuning_args = HfArgumentParser(
-        [ModelArguments, DataArguments, FinetuningArguments]
-    ).parse_dict(values, allow_extra_keys=True)
+    values, run = read_run_arguments(path, parse_training=False)
+    model_args, data_args, finetuning_args, zebra = run.model, run.data, run.finetuning, run.zebra
     if model_args.model_name_or_path is None:
         raise ValueError(f"{path}: model_name_or_path is missing")
     config, label = resolve_model_config(model_args.model_name_or_path)

@@ -8,8 +8,13 @@
 - ``verify``: ``llamafactory-zebra verify``, which MLA convention the weights fit, by perplexity on
   ``verify_text``.
 
-Only ``layout`` and ``keys`` are imported here: the model imports this package to read a released
-directory, and ``import_checkpoint``/``verify`` import the model, so they are imported by their path.
+This package sits below the model: the model imports it to read a released directory. ``verify``
+loads the model through transformers' Auto classes, as any user does. The one import up the floors in
+the package is ``import_checkpoint`` → ``inventory`` (which builds the model on the meta device): the
+import checks a released directory's weight names against the architecture before writing anything,
+and the inventory is the one place those names come from. Only ``layout`` and ``keys`` are imported
+here, so importing the package never imports the model; ``import_checkpoint``/``verify`` are imported
+by their path.
 """
 
 from .layout import (

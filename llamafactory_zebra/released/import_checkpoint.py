@@ -1,6 +1,6 @@
 """``llamafactory-zebra import``: a native Zebra checkpoint (``model_type: zebra``) from a released one.
 
-The weights are checked against the architecture the translated config describes (on the meta device)
+The weights are checked against the architecture the translated config describes (``inventory.parameter_names``)
 before anything is written, then hard-linked (or copied) next to the native ``config.json``.
 """
 
@@ -11,18 +11,9 @@ import os
 import shutil
 from pathlib import Path
 
-import torch
-
-from ..configuration_zebra import ZebraConfig
-from ..modeling_zebra import ZebraForCausalLM
+from ..inventory import parameter_names
 from .keys import checkpoint_keys, safetensors_files, verify_keys
 from .layout import RELEASED_HYBRID_CONFIG, TOKENIZER_AND_GENERATION_FILES, load_released_config
-
-
-def expected_state_dict_keys(config: ZebraConfig) -> set[str]:
-    with torch.device("meta"):
-        model = ZebraForCausalLM(config)
-    return set(model.state_dict().keys())
 
 
 def import_released_checkpoint(source: str | Path, output: str | Path, link: bool = True) -> Path:
@@ -31,7 +22,7 @@ def import_released_checkpoint(source: str | Path, output: str | Path, link: boo
     if not (source / RELEASED_HYBRID_CONFIG).is_file():
         raise FileNotFoundError(f"{source}: no {RELEASED_HYBRID_CONFIG}; this is not a released Zebra directory")
     config = load_released_config(source)
-    verify_keys(checkpoint_keys(source), expected_state_dict_keys(config), str(source))
+    verify_keys(checkpoint_keys(source), parameter_names(config), str(source))
     output.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(output)
     weight_files = safetensors_files(source) + sorted(source.glob("*.safetensors.index.json"))

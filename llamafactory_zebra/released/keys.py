@@ -51,7 +51,7 @@ def detect_mla_norm(path: str | Path, config: ZebraConfig) -> str | None:
     if not list(Path(path).glob("*.safetensors")) or not config.mla_layers:
         return None
     keys = checkpoint_keys(path)
-    expected = {norm: _mla_keys(config, norm) for norm in MLA_NORMS}
+    expected = {norm: mla_weight_names(config, norm) for norm in MLA_NORMS}
     placements = set()
     for index in config.mla_layers:
         prefix = f"model.layers.{index}.mla."
@@ -69,7 +69,13 @@ def detect_mla_norm(path: str | Path, config: ZebraConfig) -> str | None:
     return placements.pop()
 
 
-def _mla_keys(config: ZebraConfig, mla_norm: str) -> set[str]:
+def mla_weight_names(config: ZebraConfig, mla_norm: str) -> set[str]:
+    """The weights of one MLA layer (names below ``model.layers.{i}.mla.``) for a norm placement.
+
+    The one list of parameter names written outside the model, because it is needed below it: the model
+    reads a released directory through this package, so this package cannot build the model to ask it.
+    ``tests/test_inventory.py`` checks it against ``inventory.parameter_shapes`` for every placement.
+    """
     projections = ["kv_a_proj_with_mqa", "out_proj"] + (["q_proj"] if config.q_lora_rank is None else ["q_a_proj"])
     names = {f"{name}.weight" for name in projections}
     if config.attention_bias:

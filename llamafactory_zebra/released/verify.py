@@ -22,7 +22,7 @@ from huggingface_hub.errors import StrictDataclassError
 from ..configuration_zebra import MLA_NORM_NONE, ZebraConfig
 from ..layers.mla import ZebraMLA
 from .keys import checkpoint_keys
-from .layout import RELEASED_HYBRID_CONFIG, RELEASED_LAYOUT, checkpoint_layout
+from .layout import RELEASED_HYBRID_CONFIG, RELEASED_LAYOUT, checkpoint_layout, load_checkpoint_config
 from .verify_text import VERIFY_TEXT
 
 
@@ -158,9 +158,7 @@ def load_checkpoint(model_dir: str, dtype: torch.dtype) -> tuple[torch.nn.Module
     Every weight file's header is read first, so a truncated or corrupt shard is named before
     transformers would fail inside its loader without the file name.
     """
-    from transformers import AutoTokenizer
-
-    from ..modeling_zebra import ZebraForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not os.path.exists(model_dir):
         raise CheckpointNotLoadable(f"{model_dir}: no such directory")
@@ -172,7 +170,11 @@ def load_checkpoint(model_dir: str, dtype: torch.dtype) -> tuple[torch.nn.Module
     try:
         checkpoint_keys(model_dir)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = ZebraForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa")
+        # Through transformers' Auto classes (the package registered Zebra with them on import), with the
+        # config read by this package (a released directory's config.json describes Qwen3): this package
+        # sits below the model, which reads released directories through it.
+        config = load_checkpoint_config(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype, attn_implementation="sdpa")
     except (OSError, ValueError, StrictDataclassError) as error:
         raise CheckpointNotLoadable(str(error)) from error
     return model.eval(), tokenizer

@@ -31,6 +31,7 @@ from vllm.model_executor.models.utils import extract_layer_index, maybe_prefix
 from vllm.sequence import IntermediateTensors
 
 from ...configuration_zebra import MLA, ZebraConfig
+from ...inventory import parameter_shapes
 from .gdn import GDN_PACKED_MODULES, ZebraGatedDeltaNet, gdn_state_dtype, gdn_state_shape
 from .mla import ZebraMLAAttention
 
@@ -73,6 +74,21 @@ def checkpoint_layout(model: nn.Module, packed_modules: dict[str, list[str]]) ->
             shape = _checkpoint_shape((rows, *param.shape[1:]), singleton)
             layout[f"{parent}.{part}.{leaf}"] = CheckpointEntry(name, shard, shape)
     return layout
+
+
+def _check_layout_against_inventory(layout: dict[str, CheckpointEntry], inventory: dict[str, tuple[int, ...]]) -> None:
+    """The names and shapes a checkpoint must hold are the transformers model's (``inventory.parameter_shapes``,
+    the one list); this vLLM model must take exactly those, or its modules or ``PACKED_MODULES`` drifted."""
+    layout_shapes = {name: entry.shape for name, entry in layout.items()}
+    if layout_shapes != inventory:
+        differ = sorted(set(layout_shapes) ^ set(inventory)) or sorted(
+            name for name in inventory if layout_shapes[name] != inventory[name]
+        )
+        raise RuntimeError(
+            "the vLLM Zebra model does not take the checkpoint the transformers model defines "
+            f"(llamafactory_zebra.inventory): {', '.join(differ[:8])}{' …' if len(differ) > 8 else ''}; "
+            "serving/vllm/model.py's modules or PACKED_MODULES no longer match the layers"
+        )
 
 
 def _checkpoint_shape(shape: tuple[int, ...], singleton: int | None) -> tuple[int, ...]:
@@ -219,6 +235,7 @@ class ZebraForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsLoRA):
         flag and omits ``lm_head.weight`` gets the embedding as its head.
         """
         expected = checkpoint_layout(self, self.packed_modules_mapping)
+        _check_layout_against_inventory(expected, parameter_shapes(self.config))
         params = dict(self.named_parameters())
         seen: set[str] = set()
         loaded: set[str] = set()
