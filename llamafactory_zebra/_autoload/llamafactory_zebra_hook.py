@@ -19,7 +19,7 @@ and loading a Zebra checkpoint then fails with a message naming the plugin (a pl
 for ``model_type="zebra"`` that raises), instead of transformers' generic "upgrade transformers".
 """
 
-import _thread  # threading.local's C implementation: importing threading itself costs ~20 ms at start-up
+import _thread  # threading.local's C implementation: importing threading costs start-up time (docs/benchmarks.md)
 import importlib
 import os
 import sys
@@ -58,7 +58,7 @@ def is_disabled() -> bool:
 
 
 # The finder and loaders follow importlib's protocols without subclassing importlib.abc: importing it
-# costs ~25 ms (importlib.resources, typing, pathlib) in every Python process.
+# (importlib.resources, typing, pathlib) costs start-up time in every Python process (docs/benchmarks.md).
 class _NotifyingLoader:
     """Runs the real loader, then tells the plugin the module is ready."""
 

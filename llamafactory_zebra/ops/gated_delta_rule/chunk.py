@@ -2,8 +2,7 @@
 
 Why this exists: fla's Triton kernels need a GPU, and transformers' Qwen3-Next fallback
 (``torch_chunk_gated_delta_rule``) is differentiated by autograd through per-chunk slicing and a 63-step
-row loop, whose backward costs O(chunks x T) (30x slower than this file at T = 32k, see
-``docs/benchmarks.md``). This version follows the WY/UT formulation of fla's
+row loop, whose backward costs O(chunks x T) (measured against this file in ``docs/benchmarks.md``). This version follows the WY/UT formulation of fla's
 ``ops/gated_delta_rule/chunk.py`` (Yang, Kautz, Hatamizadeh, "Gated Delta Networks", 2024; fla is
 MIT-licensed, Copyright (c) 2023-2025 Songlin Yang, Yu Zhang), written for batched dense algebra:
 every in-chunk quantity is computed for all chunks at once, the triangular system by one batched
@@ -207,8 +206,8 @@ def chunk_gated_delta_rule_torch(
     state-sized operands (W S, Q S, the state update, U, the in-chunk output) take bf16 operands, as fla's
     Triton kernels feed their dot products, while the state, the Gram matrices and the triangular solve
     stay fp32. CPU GEMMs have no bf16-in/fp32-out form, so each product is also rounded to bf16 once
-    (fla keeps the fp32 accumulator of the state update). On a CPU with bf16 dot products a bf16 ``bmm``
-    runs 2.3x fp32's rate and the op 1.4x faster (512 tokens, Zebra's GDN shapes). The default (``None``)
+    (fla keeps the fp32 accumulator of the state update). On a CPU with bf16 dot products it is the faster
+    mode (``benchmarks/bench_vllm_gdn_cpu.py``, figures in ``docs/benchmarks.md``). The default (``None``)
     is the exact fp32 path, the only one with a backward.
     """
     check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
