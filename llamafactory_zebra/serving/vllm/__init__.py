@@ -19,7 +19,11 @@ What runs where (``model.py``, ``mla.py``, ``gdn.py``):
   bf16, mean/max |Δ log-prob| against fp32: 0.036/0.28 on the released layout (transformers-bf16's own:
   0.035/0.28), 0.020/0.10 on a native qk_head checkpoint (own: 0.021/0.11). Eager and the default ``torch.compile`` mode. Broken checkpoints are refused naming the key.
 - Not supported (refused at load, naming the option): tensor/pipeline parallelism, speculative decoding,
-  ``rope_type: dynamic``, activations other than SiLU. Prefix caching is switched off (``engine_config.py``).
+  ``rope_type: dynamic``, activations other than SiLU.
+- Prefix caching: vLLM's default for hybrids (on, GDN states in its ``align`` mode) with no setting from
+  this plugin: the scheduler ends prompt chunks at block borders and vLLM's runner copies a cached block's
+  state into the request's slot (``ZebraForCausalLM.get_mamba_state_copy_func``), so the GDN layer's
+  read-the-slot, write-the-slot recurrence is all align mode needs (``tests_vllm/test_prefix_caching.py``).
 """
 
 from __future__ import annotations
@@ -32,10 +36,8 @@ def register() -> None:
     from vllm import ModelRegistry
 
     from .config_parser import register_config_parser_for_released_layout, register_zebra_config
-    from .engine_config import register_engine_config
 
     register_zebra_config()
     register_config_parser_for_released_layout()
-    register_engine_config(ARCHITECTURE)
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, "llamafactory_zebra.serving.vllm.model:ZebraForCausalLM")
