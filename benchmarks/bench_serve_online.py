@@ -1,8 +1,9 @@
 """Online serving with vLLM's own client: ``vllm bench serve`` against ``vllm serve``, Zebra against dense Qwen3.
 
 Two checkpoints with random weights and the same tokenizer (the offline test tokenizer): the ~100M Zebra
-with the released head shapes from ``bench_serving.py``, and a dense Qwen3 of the same width, depth, MLP
-and attention heads (vLLM's own ``Qwen3ForCausalLM``). Each is served by ``vllm serve`` on 127.0.0.1
+with the released head shapes from ``bench_serving.py``, and a dense Qwen3 of the same size (vLLM's own
+``Qwen3ForCausalLM``): the same width, depth and attention heads (Qwen3-1.7B's 16/8 of 128), its MLP
+widened until the parameter counts match (Zebra's GDN and MLA projections are wider than Qwen3's attention). Each is served by ``vllm serve`` on 127.0.0.1
 (a free port, the same engine options for both) and measured by ``vllm bench serve`` with its ``random``
 dataset (fixed-length prompts, ``--ignore-eos`` so every request emits ``--output-len`` tokens) at each
 ``--concurrency``; the server is stopped by its process group before the next one starts. Prints one table:
@@ -35,16 +36,34 @@ METRICS = "ttft,tpot,itl,e2el"
 PERCENTILES = "50,90,99"
 
 
-def build_dense_qwen3(output: Path, zebra_dir: Path, dtype: str) -> int:
-    """A Qwen3 with the Zebra checkpoint's width, depth, MLP, attention heads and tokenizer."""
+def build_dense_qwen3(output: Path, zebra_dir: Path, dtype: str, parameters: int) -> int:
+    """A Qwen3 with the Zebra checkpoint's width, depth, attention heads and tokenizer, and an MLP as wide as
+    makes its parameter count ``parameters`` (to a multiple of 64 in the MLP width)."""
     import torch
-    from transformers import AutoConfig, AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoConfig, AutoTokenizer, Qwen3ForCausalLM
 
     zebra = AutoConfig.from_pretrained(zebra_dir)
-    config = Qwen3Config(
+
+    def count(intermediate_size: int) -> int:
+        with torch.device("meta"):
+            return sum(p.numel() for p in Qwen3ForCausalLM(qwen3_config(zebra, intermediate_size)).parameters())
+
+    per_unit = 3 * zebra.hidden_size * zebra.num_hidden_layers  # gate, up and down rows per MLP unit
+    width = zebra.intermediate_size + round((parameters - count(zebra.intermediate_size)) / per_unit / 64) * 64
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(qwen3_config(zebra, width)).to(getattr(torch, dtype))
+    model.save_pretrained(output)
+    AutoTokenizer.from_pretrained(zebra_dir).save_pretrained(output)
+    return sum(p.numel() for p in model.parameters())
+
+
+def qwen3_config(zebra, intermediate_size: int):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
         vocab_size=zebra.vocab_size,
         hidden_size=zebra.hidden_size,
-        intermediate_size=zebra.intermediate_size,
+        intermediate_size=intermediate_size,
         num_hidden_layers=zebra.num_hidden_layers,
         num_attention_heads=zebra.num_attention_heads,
         num_key_value_heads=zebra.num_key_value_heads,
@@ -56,11 +75,6 @@ def build_dense_qwen3(output: Path, zebra_dir: Path, dtype: str) -> int:
         pad_token_id=zebra.pad_token_id,
         bos_token_id=None,
     )
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(config).to(getattr(torch, dtype))
-    model.save_pretrained(output)
-    AutoTokenizer.from_pretrained(zebra_dir).save_pretrained(output)
-    return sum(p.numel() for p in model.parameters())
 
 
 def free_port() -> int:
@@ -150,7 +164,7 @@ def main() -> None:
         work = Path(tmp)
         zebra_dir, qwen3_dir = work / "zebra-100m", work / "qwen3-dense"
         sizes = {"zebra": build_checkpoint(zebra_dir, args.dtype)["parameters"]}
-        sizes["qwen3"] = build_dense_qwen3(qwen3_dir, zebra_dir, args.dtype)
+        sizes["qwen3"] = build_dense_qwen3(qwen3_dir, zebra_dir, args.dtype, sizes["zebra"])
         results = {
             name: serve_and_bench(name, path, args, work)
             for name, path in (("zebra", zebra_dir), ("qwen3", qwen3_dir))
