@@ -1,7 +1,7 @@
 """Prefix caching (vLLM's hybrid ``align`` mode) on Zebra gives what caching off gives.
 
 One engine with caching on and one with it off per dtype serve the same scripted sequence of requests
-(``STEPS``): a long prompt, then prompts that share its prefix (ending exactly at a block border, ending
+(``steps``): a long prompt, then prompts that share its prefix (ending exactly at a block border, ending
 mid-block), a decode that crosses a block border, a batch mixing hits and misses, prompts shorter than a
 block. fp32 runs the project's PyTorch conv with prompt chunks smaller than a block
 (``max_num_batched_tokens`` 256 against vLLM's 640-token block for these head shapes); bf16 runs
