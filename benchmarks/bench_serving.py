@@ -144,6 +144,7 @@ def run_vllm(
     dtype: str,
     max_num_batched_tokens: int,
     enforce_eager: bool,
+    prefix_caching: bool,
 ) -> dict:
     from vllm import LLM, SamplingParams
 
@@ -155,6 +156,7 @@ def run_vllm(
         enforce_eager=enforce_eager,
         max_num_seqs=len(prompts),
         max_num_batched_tokens=max_num_batched_tokens,
+        enable_prefix_caching=prefix_caching,
     )
     load_s = time.perf_counter() - started
     params = SamplingParams(max_tokens=output_tokens, temperature=0.0, ignore_eos=True)
@@ -184,7 +186,13 @@ def run_side(args: argparse.Namespace) -> None:
             result = run_hf(model_dir, prompts, args.output_tokens, args.dtype)
         else:
             result = run_vllm(
-                model_dir, prompts, args.output_tokens, args.dtype, args.max_num_batched_tokens, args.enforce_eager
+                model_dir,
+                prompts,
+                args.output_tokens,
+                args.dtype,
+                args.max_num_batched_tokens,
+                args.enforce_eager,
+                not args.no_prefix_caching,
             )
     Path(args.result).write_text(json.dumps(result))
 
@@ -204,6 +212,8 @@ def subprocess_side(python: str, side: str, args: argparse.Namespace, model_dir:
     command += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     if args.enforce_eager:
         command.append("--enforce-eager")
+    if args.no_prefix_caching:
+        command.append("--no-prefix-caching")
     if args.hf_prompts:
         command += ["--hf-prompts", str(args.hf_prompts)]
     print(f"[{side}] {' '.join(command)}", flush=True)
@@ -237,6 +247,12 @@ def main() -> None:
         action="store_true",
         help="run vLLM without torch.compile (vLLM's default compiles: about 30 s more start-up here, counted in "
         "load s, and fused elementwise ops in every step)",
+    )
+    parser.add_argument(
+        "--no-prefix-caching",
+        action="store_true",
+        help="run vLLM with prefix caching off (on is vLLM's default; these distinct prompts never hit, and "
+        "caching keeps Zebra's GDN states in vLLM's align mode)",
     )
     parser.add_argument("--side", choices=["build", "hf", "vllm"], help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)

@@ -21,7 +21,11 @@ What runs where (``model.py``, ``mla.py``, ``gdn.py``):
 - LoRA adapters (``--enable-lora``, ``lora.py``): every linear layer, packed ones through
   ``packed_modules_mapping``; vLLM's CPU LoRA ops fixed for requests without an adapter (``seams.py``).
 - Not supported (refused at load, naming the option): tensor/pipeline parallelism, speculative decoding,
-  ``rope_type: dynamic``, activations other than SiLU. Prefix caching is switched off (``engine_config.py``).
+  ``rope_type: dynamic``, activations other than SiLU.
+- Prefix caching: vLLM's default for hybrids (on, GDN states in its ``align`` mode) with no setting from
+  this plugin: the scheduler ends prompt chunks at block borders and vLLM's runner copies a cached block's
+  state into the request's slot (``ZebraForCausalLM.get_mamba_state_copy_func``), so the GDN layer's
+  read-the-slot, write-the-slot recurrence is all align mode needs (``tests_vllm/test_prefix_caching.py``).
 """
 
 from __future__ import annotations
@@ -34,12 +38,10 @@ def register() -> None:
     from vllm import ModelRegistry
 
     from .config_parser import register_config_parser_for_released_layout, register_zebra_config
-    from .engine_config import register_engine_config
     from .seams import install as install_vllm_fixes
 
     register_zebra_config()
     install_vllm_fixes()
     register_config_parser_for_released_layout()
-    register_engine_config(ARCHITECTURE)
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, "llamafactory_zebra.serving.vllm.model:ZebraForCausalLM")
