@@ -118,14 +118,20 @@ def conv_row(repeats: int) -> str:
     return f"| {tokens} tokens, {requests} requests, {channels} channels | {old:.0f} | {new:.0f} | {old / new:.1f}x | {error:.1e} |"
 
 
-def chunk_row(repeats: int) -> str:
-    requests, tokens = 2, 512
+def prompt_chunk(requests: int, tokens: int) -> tuple[torch.Generator, tuple[torch.Tensor, ...], torch.Tensor]:
+    """A bf16 prompt chunk of ``requests`` equal sequences at the GDN layer's shapes (g in fp32, as the layer
+    passes it), their borders, and the generator for anything else the row draws."""
     generator = torch.Generator().manual_seed(0)
     q, k = (torch.randn(1, tokens, HEADS, KEY, generator=generator).bfloat16() for _ in range(2))
     v = torch.randn(1, tokens, HEADS, VALUE, generator=generator).bfloat16()
     g = -torch.rand(1, tokens, HEADS, generator=generator) * 0.1
     beta = torch.rand(1, tokens, HEADS, generator=generator).bfloat16()
-    starts = torch.arange(0, tokens + 1, tokens // requests)
+    return generator, (q, k, v, g, beta), torch.arange(0, tokens + 1, tokens // requests)
+
+
+def chunk_row(repeats: int) -> str:
+    requests, tokens = 2, 512
+    _, (q, k, v, g, beta), starts = prompt_chunk(requests, tokens)
 
     def run(matmul_dtype=None, inputs=(q, k, v, g, beta)):
         return chunk_gated_delta_rule_torch(
@@ -144,12 +150,7 @@ def chunk_row(repeats: int) -> str:
 
 def slots_row(repeats: int) -> str:
     requests, tokens = 2, 512
-    generator = torch.Generator().manual_seed(0)
-    q, k = (torch.randn(1, tokens, HEADS, KEY, generator=generator).bfloat16() for _ in range(2))
-    v = torch.randn(1, tokens, HEADS, VALUE, generator=generator).bfloat16()
-    g = -torch.rand(1, tokens, HEADS, generator=generator) * 0.1
-    beta = torch.rand(1, tokens, HEADS, generator=generator).bfloat16()
-    starts = torch.arange(0, tokens + 1, tokens // requests)
+    generator, (q, k, v, g, beta), starts = prompt_chunk(requests, tokens)
     storage = torch.randn(requests + 6, HEADS, VALUE, KEY, generator=generator) * 0.01  # vLLM's [slots, H, V, K]
     slots = torch.tensor([5, 2])
     fresh = torch.zeros(requests, dtype=torch.bool)
