@@ -27,6 +27,38 @@ def test_register_installs_the_wrappers_where_vllm_calls_them():
     assert punica_cpu.bgmv_shrink is lora_ops.bgmv_shrink
     assert lora_ops.bgmv_shrink.__wrapped__ is seams.upstream("vllm.lora.ops.torch_ops.lora_ops", "bgmv_shrink")
     assert WorkerLoRAManager._load_adapter.__code__.co_name == "zebra_load_adapter"
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    assert Scheduler._mamba_block_aligned_split.__code__.co_name == "zebra_mamba_block_aligned_split"
+    assert Scheduler._mamba_block_aligned_split.__wrapped__ is seams.upstream(
+        "vllm.v1.core.sched.scheduler", "Scheduler._mamba_block_aligned_split"
+    )
+
+
+def _scheduler_view(architecture: str, block_size: int):
+    """What the split wrapper reads of a scheduler: the model, the cache config and the KV cache groups."""
+    from types import SimpleNamespace
+
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, MambaSpec
+
+    mamba = MambaSpec(shapes=((3, 8),), dtypes=(torch.float32,), block_size=1664, mamba_cache_mode="align")
+    attention = FullAttentionSpec(block_size=1664, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    groups = [KVCacheGroupSpec(["gdn"], mamba), KVCacheGroupSpec(["mla"], attention)]
+    return SimpleNamespace(
+        vllm_config=SimpleNamespace(model_config=SimpleNamespace(architecture=architecture)),
+        cache_config=SimpleNamespace(block_size=block_size),
+        kv_cache_config=SimpleNamespace(kv_cache_groups=groups),
+    )
+
+
+@pytest.mark.parametrize(("architecture", "expected"), [("ZebraForCausalLM", 1664), ("Qwen3NextForCausalLM", 128)])
+def test_split_runs_at_the_mamba_block_size_for_zebra_only(architecture, expected):
+    """The split sees the Mamba groups' block size for a Zebra model after the CPU platform reset it to
+    128; another model's config is left as vLLM made it."""
+    split = seams._split_at_the_mamba_block_size(lambda self, request, tokens: self.cache_config.block_size)
+    scheduler = _scheduler_view(architecture, 128)
+    assert split(scheduler, None, 256) == expected
+    assert scheduler.cache_config.block_size == expected
 
 
 def _shrink_case():
