@@ -25,7 +25,9 @@ What runs where (``model.py``, ``mla.py``, ``gdn.py``):
 - Prefix caching: vLLM's default for hybrids (on, GDN states in its ``align`` mode) with no setting from
   this plugin: the scheduler ends prompt chunks at block borders and vLLM's runner copies a cached block's
   state into the request's slot (``ZebraForCausalLM.get_mamba_state_copy_func``), so the GDN layer's
-  read-the-slot, write-the-slot recurrence is all align mode needs (``tests_vllm/test_prefix_caching.py``).
+  read-the-slot, write-the-slot recurrence is all align mode needs (``tests_vllm/test_prefix_caching.py``);
+  ``seams.py`` gives the scheduler back the block size vLLM's CPU platform resets after start-up, so
+  prompts are not cut into needless chunks.
 """
 
 from __future__ import annotations
