@@ -1,8 +1,9 @@
 """The vLLM Zebra GDN layer's CPU pieces against what they replaced, at Zebra's GDN shapes, in one run.
 
 1. Decode step, batch N: ``ops.fused_recurrent_gated_delta_rule_in_slots`` (each fp32 SSM slot stepped in
-   place) against the gather → ``fused_recurrent_gated_delta_rule_torch`` → scatter path the layer used
-   before, on a cache of N + 16 slots with the requests in random slots.
+   place) with its C++ step (``ops/gated_delta_rule/cpu_step.py``, the default where it builds) and with
+   its PyTorch step (``ZEBRA_GDN_CPU_STEP=torch``), against the gather → ``fused_recurrent_gated_delta_rule_torch``
+   → scatter path the layer used before, on a cache of N + 16 slots with the requests in random slots.
 2. Prefill conv over 4096 tokens (16 requests of 256): vLLM's C++ ``causal_conv1d_fwd_cpu`` (bf16, on the
    slots) against this project's PyTorch ``causal_conv1d`` (gathered states), with their largest difference.
 3. Prefill chunked GDN over 512 tokens (one 512-token vLLM step: 2 requests of 256), bf16 inputs:
@@ -22,15 +23,19 @@ One thread (vLLM's CPU worker computes on one). Run it in the vLLM venv (``scrip
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import time
 
 import torch
 
+from llamafactory_zebra.kernels.switches import CPU_STEP_ENV_VAR
 from llamafactory_zebra.ops import (
     causal_conv1d,
     chunk_gated_delta_rule_in_slots,
     chunk_gated_delta_rule_torch,
     cpu_has_bf16_dot_products,
+    cpu_step_kernel,
     fused_recurrent_gated_delta_rule_in_slots,
     fused_recurrent_gated_delta_rule_torch,
 )
@@ -58,6 +63,16 @@ def gather_step(q, k, v, g, beta, cache, slots):
     return o[:, 0]
 
 
+@contextlib.contextmanager
+def torch_step():
+    """The decode op's PyTorch step instead of its C++ one (``ZEBRA_GDN_CPU_STEP=torch``)."""
+    os.environ[CPU_STEP_ENV_VAR] = "torch"
+    try:
+        yield
+    finally:
+        del os.environ[CPU_STEP_ENV_VAR]
+
+
 def decode_rows(batches: list[int], repeats: int) -> list[str]:
     rows = []
     for batch in batches:
@@ -69,11 +84,19 @@ def decode_rows(batches: list[int], repeats: int) -> list[str]:
         cache = torch.randn(batch + 16, HEADS, KEY, VALUE, generator=generator) * 0.01
         slots = torch.randperm(batch + 16, generator=generator)[:batch]
         inputs = (q, k, v, g, beta)
-        reference_cache, ours_cache = cache.clone(), cache.clone()
+        reference_cache, ours_cache, torch_step_cache = cache.clone(), cache.clone(), cache.clone()
         expected = gather_step(*inputs, reference_cache, slots)
         actual = fused_recurrent_gated_delta_rule_in_slots(*inputs, ours_cache, slots, use_qk_l2norm_in_kernel=True)
         error = max(
             (expected.float() - actual.float()).abs().max().item(), (reference_cache - ours_cache).abs().max().item()
+        )
+        with torch_step():
+            torch_actual = fused_recurrent_gated_delta_rule_in_slots(
+                *inputs, torch_step_cache, slots, use_qk_l2norm_in_kernel=True
+            )
+        torch_error = max(
+            (torch_actual.float() - actual.float()).abs().max().item(),
+            (torch_step_cache - ours_cache).abs().max().item(),
         )
 
         def before(inputs=inputs, cache=cache, slots=slots):
@@ -83,7 +106,12 @@ def decode_rows(batches: list[int], repeats: int) -> list[str]:
             return fused_recurrent_gated_delta_rule_in_slots(*inputs, cache, slots, use_qk_l2norm_in_kernel=True)
 
         old, new = best_ms(before, repeats), best_ms(after, repeats)
-        rows.append(f"| {batch} | {old:.1f} | {new:.1f} | {old / new:.1f}x | {error:.1e} |")
+        with torch_step():
+            in_torch = best_ms(after, repeats)
+        rows.append(
+            f"| {batch} | {old:.1f} | {in_torch:.1f} | {new:.1f} | {in_torch / new:.1f}x | {old / new:.1f}x "
+            f"| {error:.1e} | {torch_error:.1e} |"
+        )
     return rows
 
 
@@ -188,9 +216,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    built = "built" if cpu_step_kernel() is not None else "NOT built: the C++ column is the PyTorch step"
     print(f"GDN decode step, one layer ({HEADS} heads, key {KEY}, value {VALUE}, fp32 state; bf16 activations)")
-    print("| batch | gather + step + scatter ms | in place ms | speed-up | max abs difference |")
-    print("|---:|---:|---:|---:|---:|")
+    print(f"C++ step: {built}")
+    print(
+        "| batch | gather + step + scatter ms | in place, PyTorch step ms | in place, C++ step ms "
+        "| C++ / PyTorch speed-up | C++ / gather speed-up | max abs difference, C++ vs gather "
+        "| max abs difference, C++ vs PyTorch step |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     print("\n".join(decode_rows(args.batches, args.repeats)))
     print("\nPrefill causal conv, one layer (bf16)")
     print("| input | project PyTorch conv ms | vLLM C++ conv ms | speed-up | max abs difference |")

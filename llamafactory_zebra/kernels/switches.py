@@ -1,5 +1,5 @@
 """The environment switches kernel choice reads: the plugin's GDN backend key, which PyTorch GDN formulation
-runs when fla does not, and Triton's interpreter flag."""
+runs when fla does not, whether serving's CPU decode step uses its C++ kernel, and Triton's interpreter flag."""
 
 from __future__ import annotations
 
@@ -42,4 +42,18 @@ def torch_chunk_choice(on_gpu: bool) -> str:
         raise ValueError(
             f"{TORCH_CHUNK_ENV_VAR}={choice!r} is not valid; use one of auto, {', '.join(TORCH_CHUNK_CHOICES)}."
         )
+    return choice
+
+
+# Serving's GDN decode step on CPU (``ops/gated_delta_rule/cpu_step.py``): ``auto`` builds and runs the C++
+# step where it builds, ``torch`` keeps the PyTorch step (``in_slots.py``).
+CPU_STEP_ENV_VAR = "ZEBRA_GDN_CPU_STEP"
+CPU_STEP_CHOICES = ("auto", "torch")
+
+
+def cpu_step_choice() -> str:
+    """``ZEBRA_GDN_CPU_STEP``, read at each call: ``auto`` (default) or ``torch``; anything else is refused."""
+    choice = os.environ.get(CPU_STEP_ENV_VAR, "auto").strip().lower() or "auto"
+    if choice not in CPU_STEP_CHOICES:
+        raise ValueError(f"{CPU_STEP_ENV_VAR}={choice!r} is not valid; use one of {', '.join(CPU_STEP_CHOICES)}.")
     return choice

@@ -12,9 +12,11 @@ gated delta rule), so on a GPU the indexed slots are gathered, run through fla's
 back: the contract the package's dispatch already relies on. On a CPU the decode step advances each
 slot in place instead: gathering costs several full copies of every state per token (Zebra's GDN
 state is 6 heads x 256 x 512 in fp32, 3 MB a sequence), each a fresh allocation, and vLLM's own CPU
-kernel for this step refuses Zebra's head sizes. Each sequence's state is read once for the two
-products the step needs and updated once in place, one sequence at a time, so that the state is still
-in cache for the second pass. What that buys is measured by ``benchmarks/bench_vllm_gdn_cpu.py``
+kernel for this step refuses Zebra's head sizes. An fp32 state with rows of V contiguous (vLLM's SSM
+cache as the serving layer views it) is stepped by the C++ kernel of ``cpu_step.py``, which reads each
+head's state once for both products and updates it while it is still in cache; elsewhere (another dtype
+or layout, no compiler, ``ZEBRA_GDN_CPU_STEP=torch``) :func:`_step_in_place` does the same in PyTorch,
+one sequence at a time. What each buys is measured by ``benchmarks/bench_vllm_gdn_cpu.py``
 (``docs/benchmarks.md``, serving).
 
 Per head, with ``S`` the ``[K, V]`` state, q and k already normalised and q scaled::
@@ -39,8 +41,10 @@ import platform
 import torch
 
 from ..backend import fla_ops
+from . import cpu_step
 from .checks import check_gdn_inputs, compute_dtype, l2norm
 from .chunk import chunk_gated_delta_rule_torch
+from .cpu_step import cpu_step_kernel
 from .dispatch import _FLA_GDN, chunk_gated_delta_rule
 
 
@@ -107,18 +111,22 @@ def fused_recurrent_gated_delta_rule_in_slots(
         )  # fmt: skip
         state[state_indices] = final.to(state.dtype)
         return o[:, 0]
-    return _step_in_place(q, k, v, g, beta, state, state_indices.tolist(), scale, use_qk_l2norm_in_kernel)
-
-
-def _step_in_place(q, k, v, g, beta, state, slots, scale, use_qk_l2norm_in_kernel) -> torch.Tensor:
-    """The PyTorch path of :func:`fused_recurrent_gated_delta_rule_in_slots` (see the module docstring)."""
     in_dtype, dtype = q.dtype, compute_dtype(q.dtype)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
-    q = q * scale
-    decay = g.exp()
+    q, decay = q * scale, g.exp()
+    kernel = cpu_step_kernel() if cpu_step.fits(state, dtype) else None
+    if kernel is not None:
+        return cpu_step.step_in_slots(kernel, q, k, v, decay, beta, state, state_indices).to(in_dtype)
+    return _step_in_place(q, k, v, decay, beta, state, state_indices.tolist()).to(in_dtype)
+
+
+def _step_in_place(q, k, v, decay, beta, state, slots) -> torch.Tensor:
+    """The PyTorch path of :func:`fused_recurrent_gated_delta_rule_in_slots` (see the module docstring) on
+    prepared inputs: q and k normalised, q scaled, ``decay = exp(g)``, all in the compute dtype."""
+    dtype = q.dtype
     keys_and_queries = torch.stack([k, q], dim=2)  # [N, H, 2, K]
     key_query_dot = (k * q).sum(-1, keepdim=True)
     out = torch.empty_like(v)
@@ -132,7 +140,7 @@ def _step_in_place(q, k, v, g, beta, state, slots, scale, use_qk_l2norm_in_kerne
         out[i] = decay[i, :, None] * products[:, 1] + key_query_dot[i] * written
         if work is not slot_state:
             slot_state.copy_(work)
-    return out.to(in_dtype)
+    return out
 
 
 def chunk_gated_delta_rule_in_slots(

@@ -48,6 +48,7 @@ from ...ops import (
     causal_conv1d_update_in_slots,
     chunk_gated_delta_rule_in_slots,
     cpu_has_bf16_dot_products,
+    cpu_step_kernel,
     fused_recurrent_gated_delta_rule_in_slots,
     gdn_gates,
 )
@@ -106,6 +107,8 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         self.conv_kernel_size = config.gdn_conv_size
         self.activation = "silu"
         self.vllm_cpu_conv = uses_vllm_cpu_conv(vllm_config.model_config.dtype, self.conv_kernel_size)
+        if current_platform.is_cpu() and self.state_dtypes[1] == torch.float32:
+            cpu_step_kernel()  # build (or load the cached build of) the C++ decode step at load, not mid-request
 
         self.qkvg_proj = MergedColumnParallelLinear(
             self.hidden_size, [self.key_dim, self.key_dim, self.value_dim, self.value_dim], bias=False,

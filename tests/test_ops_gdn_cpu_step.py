@@ -1,0 +1,141 @@
+"""The C++ GDN decode step on CPU state slots (``ops/gated_delta_rule/cpu_step.py``) against a plain fp64
+loop, and the op's choice between it and the PyTorch step."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from llamafactory_zebra.kernels.switches import CPU_STEP_ENV_VAR
+from llamafactory_zebra.ops import cpu_step_kernel, fused_recurrent_gated_delta_rule_in_slots
+from llamafactory_zebra.ops.gated_delta_rule import cpu_step
+
+
+def plain_step(q, k, v, g, beta, state, scale):
+    """One token per head in fp64, written the obvious way: decay, read, write, read."""
+    state = state.double().clone()
+    out = torch.empty(v.shape, dtype=torch.float64)
+    for n in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            qn, kn = F.normalize(q[n, h].double(), dim=0) * scale, F.normalize(k[n, h].double(), dim=0)
+            s = state[n, h] * g[n, h].double().exp()
+            s = s + torch.outer(kn, beta[n, h].double() * (v[n, h].double() - s.T @ kn))
+            state[n, h] = s
+            out[n, h] = s.T @ qn
+    return out, state
+
+
+def inputs(seqs, heads, key_dim, value_dim, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(seqs, heads, key_dim, generator=gen) for _ in range(2))
+    v = torch.randn(seqs, heads, value_dim, generator=gen)
+    g = F.logsigmoid(torch.randn(seqs, heads, generator=gen) + 1.0)
+    beta = torch.rand(seqs, heads, generator=gen)
+    return q, k, v, g, beta
+
+
+def test_the_kernel_builds_on_this_machine():
+    # Linux with a C++ compiler (the README's test setup): the build must work, not quietly fall back.
+    assert cpu_step_kernel() is not None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("heads", "key_dim", "value_dim"), [(6, 256, 512), (3, 7, 11), (2, 33, 65)])
+def test_kernel_matches_the_plain_loop_and_leaves_other_slots_alone(heads, key_dim, value_dim, threads):
+    seqs, slots_total = 5, 9
+    q, k, v, g, beta = inputs(seqs, heads, key_dim, value_dim)
+    cache = torch.randn(slots_total, heads, key_dim, value_dim, generator=torch.Generator().manual_seed(1)) * 0.1
+    slots = torch.tensor([6, 0, 3, 8, 2])
+    before = cache.clone()
+    expected_o, expected_states = plain_step(q, k, v, g, beta, before[slots], key_dim**-0.5)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        o = fused_recurrent_gated_delta_rule_in_slots(q, k, v, g, beta, cache, slots, use_qk_l2norm_in_kernel=True)
+    finally:
+        torch.set_num_threads(previous_threads)
+    torch.testing.assert_close(o.double(), expected_o, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cache[slots].double(), expected_states, rtol=1e-5, atol=1e-5)
+    untouched = [i for i in range(slots_total) if i not in slots.tolist()]
+    assert torch.equal(cache[untouched], before[untouched])
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    calls = []
+    real = cpu_step.step_in_slots
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cpu_step, "step_in_slots", counting)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("case", "uses_kernel"),
+    [
+        ("fp32 state, rows of V contiguous", True),
+        ("bf16 activations on an fp32 state", True),
+        ("transposed state view", False),
+        ("bf16 state", False),
+        ("fp64 inputs and state", False),
+        ("ZEBRA_GDN_CPU_STEP=torch", False),
+    ],
+)
+def test_the_op_takes_the_kernel_only_where_it_fits(case, uses_kernel, kernel_calls, monkeypatch):
+    q, k, v, g, beta = inputs(3, 2, 8, 16)
+    cache = torch.randn(4, 2, 8, 16) * 0.1
+    if case == "bf16 activations on an fp32 state":
+        q, k, v, beta = (t.bfloat16() for t in (q, k, v, beta))
+    elif case == "transposed state view":
+        cache = torch.randn(4, 2, 16, 8).transpose(-1, -2) * 0.1
+    elif case == "bf16 state":
+        cache = cache.bfloat16()
+    elif case == "fp64 inputs and state":
+        q, k, v, g, beta, cache = (t.double() for t in (q, k, v, g, beta, cache))
+    elif case == "ZEBRA_GDN_CPU_STEP=torch":
+        monkeypatch.setenv(CPU_STEP_ENV_VAR, "torch")
+    expected_o, expected_states = plain_step(q, k, v, g, beta, cache[[2, 0, 3]], 8**-0.5)
+    o = fused_recurrent_gated_delta_rule_in_slots(
+        q, k, v, g, beta, cache, torch.tensor([2, 0, 3]), use_qk_l2norm_in_kernel=True
+    )
+    assert bool(kernel_calls) == uses_kernel
+    tolerance = 2e-2 if torch.bfloat16 in (q.dtype, cache.dtype) else 1e-5
+    torch.testing.assert_close(o.double(), expected_o, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(cache[[2, 0, 3]].double(), expected_states, rtol=tolerance, atol=tolerance)
+
+
+def test_an_unknown_switch_value_is_refused(monkeypatch):
+    monkeypatch.setenv(CPU_STEP_ENV_VAR, "fast")
+    with pytest.raises(ValueError, match="ZEBRA_GDN_CPU_STEP='fast' is not valid; use one of auto, torch"):
+        cpu_step_kernel()
+
+
+def test_a_failed_build_keeps_the_pytorch_step_with_a_warning(monkeypatch, caplog):
+    import torch.utils.cpp_extension
+
+    def no_compiler(**kwargs):
+        raise RuntimeError("Error building extension: c++: not found")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
+    cpu_step._build.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert cpu_step_kernel() is None
+        q, k, v, g, beta = inputs(2, 2, 8, 16)
+        cache = torch.randn(3, 2, 8, 16) * 0.1
+        expected_o, _ = plain_step(q, k, v, g, beta, cache[[1, 0]], 8**-0.5)
+        o = fused_recurrent_gated_delta_rule_in_slots(
+            q, k, v, g, beta, cache, torch.tensor([1, 0]), use_qk_l2norm_in_kernel=True
+        )
+        torch.testing.assert_close(o.double(), expected_o, rtol=1e-5, atol=1e-5)
+    finally:
+        cpu_step._build.cache_clear()  # the next test loads the real build again (cached on disk)
+    message = caplog.text
+    assert (
+        "could not build the C++ GDN decode step (RuntimeError: Error building extension: c++: not found)" in message
+    )
+    assert "ZEBRA_GDN_CPU_STEP=torch" in message
