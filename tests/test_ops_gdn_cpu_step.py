@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from llamafactory_zebra.kernels.switches import CPU_STEP_ENV_VAR
 from llamafactory_zebra.ops import cpu_step_kernel, fused_recurrent_gated_delta_rule_in_slots
-from llamafactory_zebra.ops.gated_delta_rule import cpu_step
+from llamafactory_zebra.ops.gated_delta_rule import cpu_step, in_slots
 
 
 def plain_step(q, k, v, g, beta, state, scale):
@@ -64,13 +64,13 @@ def test_kernel_matches_the_plain_loop_and_leaves_other_slots_alone(heads, key_d
 @pytest.fixture
 def kernel_calls(monkeypatch):
     calls = []
-    real = cpu_step.step_in_slots
+    real = in_slots.cpu_step_in_slots
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(cpu_step, "step_in_slots", counting)
+    monkeypatch.setattr(in_slots, "cpu_step_in_slots", counting)
     return calls
 
 

@@ -67,7 +67,7 @@ def cpu_step_kernel() -> ModuleType | None:
     return _build()
 
 
-def step_in_slots(
+def cpu_step_in_slots(
     kernel: ModuleType,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -80,13 +80,13 @@ def step_in_slots(
     """Advance ``state[state_indices[i]]`` by token i in place and return ``o`` ``[N, H, V]`` (fp32).
 
     q, k ``[N, H, K]`` (normalised, q scaled), v ``[N, H, V]``, decay = exp(g) and beta ``[N, H]``, all fp32;
-    ``state`` fp32 ``[slots, H, K, V]`` with rows of V contiguous (:func:`fits`)."""
+    ``state`` fp32 ``[slots, H, K, V]`` with rows of V contiguous (:func:`cpu_step_fits`)."""
     return kernel.gated_delta_step_in_slots(
         state, state_indices.to(torch.int64).contiguous(), *(t.contiguous() for t in (q, k, v, decay, beta))
     )
 
 
-def fits(state: torch.Tensor, compute_dtype: torch.dtype) -> bool:
+def cpu_step_fits(state: torch.Tensor, compute_dtype: torch.dtype) -> bool:
     """Whether the kernel takes this cache: a CPU fp32 state with rows of V contiguous, computed in fp32."""
     return (
         state.device.type == "cpu"

@@ -41,10 +41,9 @@ import platform
 import torch
 
 from ..backend import fla_ops
-from . import cpu_step
 from .checks import check_gdn_inputs, compute_dtype, l2norm
 from .chunk import chunk_gated_delta_rule_torch
-from .cpu_step import cpu_step_kernel
+from .cpu_step import cpu_step_fits, cpu_step_in_slots, cpu_step_kernel
 from .dispatch import _FLA_GDN, chunk_gated_delta_rule
 
 
@@ -117,9 +116,9 @@ def fused_recurrent_gated_delta_rule_in_slots(
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
     q, decay = q * scale, g.exp()
-    kernel = cpu_step_kernel() if cpu_step.fits(state, dtype) else None
+    kernel = cpu_step_kernel() if cpu_step_fits(state, dtype) else None
     if kernel is not None:
-        return cpu_step.step_in_slots(kernel, q, k, v, decay, beta, state, state_indices).to(in_dtype)
+        return cpu_step_in_slots(kernel, q, k, v, decay, beta, state, state_indices).to(in_dtype)
     return _step_in_place(q, k, v, decay, beta, state, state_indices.tolist()).to(in_dtype)
 
 

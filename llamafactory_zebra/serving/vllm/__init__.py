@@ -32,14 +32,12 @@ What runs where (``model.py``, ``mla.py``, ``gdn.py``):
 
 from __future__ import annotations
 
-ARCHITECTURE = "ZebraForCausalLM"
-
 
 def register() -> None:
     """vLLM's ``general_plugins`` hook: the Zebra config in both layouts and the model class."""
     from vllm import ModelRegistry
 
-    from .config_parser import register_config_parser_for_released_layout, register_zebra_config
+    from .config_parser import ARCHITECTURE, register_config_parser_for_released_layout, register_zebra_config
     from .seams import install as install_vllm_fixes
 
     register_zebra_config()

@@ -122,7 +122,7 @@ def mamba_block_size(kv_cache_config) -> int | None:
 def _split_at_the_mamba_block_size(split: Callable) -> Callable:
     """vLLM's ``Scheduler._mamba_block_aligned_split``, after restoring ``cache_config.block_size`` to the
     Mamba groups' block size for a Zebra model (fix 3 in the module docstring)."""
-    from . import ARCHITECTURE
+    from .config_parser import ARCHITECTURE
 
     @functools.wraps(split)
     def zebra_mamba_block_aligned_split(self, *args, **kwargs) -> int:
