@@ -1,5 +1,5 @@
-"""The C++ GDN decode step on CPU state slots (``ops/gated_delta_rule/cpu_step.py``) against a plain fp64
-loop, and the op's choice between it and the PyTorch step."""
+"""The C++ GDN decode step on CPU state slots (``ops/gated_delta_rule/cpu_step.py``) against the fp64
+token-by-token reference, and the op's choice between it and the PyTorch step."""
 
 import logging
 
@@ -8,22 +8,21 @@ import torch
 import torch.nn.functional as F
 
 from llamafactory_zebra.kernels.switches import CPU_STEP_ENV_VAR
-from llamafactory_zebra.ops import cpu_step_kernel, fused_recurrent_gated_delta_rule_in_slots
+from llamafactory_zebra.ops import (
+    cpu_step_kernel,
+    fused_recurrent_gated_delta_rule_in_slots,
+    naive_recurrent_gated_delta_rule,
+)
 from llamafactory_zebra.ops.gated_delta_rule import cpu_step, in_slots
 
 
-def plain_step(q, k, v, g, beta, state, scale):
-    """One token per head in fp64, written the obvious way: decay, read, write, read."""
-    state = state.double().clone()
-    out = torch.empty(v.shape, dtype=torch.float64)
-    for n in range(q.shape[0]):
-        for h in range(q.shape[1]):
-            qn, kn = F.normalize(q[n, h].double(), dim=0) * scale, F.normalize(k[n, h].double(), dim=0)
-            s = state[n, h] * g[n, h].double().exp()
-            s = s + torch.outer(kn, beta[n, h].double() * (v[n, h].double() - s.T @ kn))
-            state[n, h] = s
-            out[n, h] = s.T @ qn
-    return out, state
+def reference_step(q, k, v, g, beta, state, scale):
+    """One token per sequence through the project's token-by-token reference (``naive.py``), in fp64."""
+    o, final = naive_recurrent_gated_delta_rule(
+        *(t[:, None].double() for t in (q, k, v, g, beta)),
+        scale=scale, initial_state=state.double(), output_final_state=True, use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    return o[:, 0], final
 
 
 def inputs(seqs, heads, key_dim, value_dim, seed=0):
@@ -42,13 +41,13 @@ def test_the_kernel_builds_on_this_machine():
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("heads", "key_dim", "value_dim"), [(6, 256, 512), (3, 7, 11), (2, 33, 65)])
-def test_kernel_matches_the_plain_loop_and_leaves_other_slots_alone(heads, key_dim, value_dim, threads):
+def test_kernel_matches_the_reference_and_leaves_other_slots_alone(heads, key_dim, value_dim, threads):
     seqs, slots_total = 5, 9
     q, k, v, g, beta = inputs(seqs, heads, key_dim, value_dim)
     cache = torch.randn(slots_total, heads, key_dim, value_dim, generator=torch.Generator().manual_seed(1)) * 0.1
     slots = torch.tensor([6, 0, 3, 8, 2])
     before = cache.clone()
-    expected_o, expected_states = plain_step(q, k, v, g, beta, before[slots], key_dim**-0.5)
+    expected_o, expected_states = reference_step(q, k, v, g, beta, before[slots], key_dim**-0.5)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -98,7 +97,7 @@ def test_the_op_takes_the_kernel_only_where_it_fits(case, uses_kernel, kernel_ca
         q, k, v, g, beta, cache = (t.double() for t in (q, k, v, g, beta, cache))
     elif case == "ZEBRA_GDN_CPU_STEP=torch":
         monkeypatch.setenv(CPU_STEP_ENV_VAR, "torch")
-    expected_o, expected_states = plain_step(q, k, v, g, beta, cache[[2, 0, 3]], 8**-0.5)
+    expected_o, expected_states = reference_step(q, k, v, g, beta, cache[[2, 0, 3]], 8**-0.5)
     o = fused_recurrent_gated_delta_rule_in_slots(
         q, k, v, g, beta, cache, torch.tensor([2, 0, 3]), use_qk_l2norm_in_kernel=True
     )
@@ -127,7 +126,7 @@ def test_a_failed_build_keeps_the_pytorch_step_with_a_warning(monkeypatch, caplo
             assert cpu_step_kernel() is None
         q, k, v, g, beta = inputs(2, 2, 8, 16)
         cache = torch.randn(3, 2, 8, 16) * 0.1
-        expected_o, _ = plain_step(q, k, v, g, beta, cache[[1, 0]], 8**-0.5)
+        expected_o, _ = reference_step(q, k, v, g, beta, cache[[1, 0]], 8**-0.5)
         o = fused_recurrent_gated_delta_rule_in_slots(
             q, k, v, g, beta, cache, torch.tensor([1, 0]), use_qk_l2norm_in_kernel=True
         )

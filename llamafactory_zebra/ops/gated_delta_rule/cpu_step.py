@@ -60,8 +60,8 @@ def _build() -> ModuleType | None:
 
 
 def cpu_step_kernel() -> ModuleType | None:
-    """The built kernel module, or None where the PyTorch step runs (switch set to ``torch``, not x86-64 or
-    Arm Linux, or the build failed). The first call builds (tens of seconds) or loads the cached build."""
+    """The built kernel module, or None where the PyTorch step runs (switch set to ``torch``, not Linux, or
+    the build failed). The first call builds (tens of seconds) or loads the cached build."""
     if cpu_step_choice() == "torch" or not sys.platform.startswith("linux"):
         return None
     return _build()
