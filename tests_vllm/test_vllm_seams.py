@@ -116,3 +116,27 @@ def test_refusal_names_adapter_reason_and_the_fix_that_applies(tmp_path):
     dora = lora.refusal("mine", str(tmp_path), "vLLM does not yet support DoRA", 16)
     assert "DoRA" in dora
     assert f"llamafactory-cli export` (model_name_or_path: BASE, adapter_name_or_path: {tmp_path}" in dora
+
+
+@pytest.mark.parametrize("name", ["_is_amx_tile_supported", "_init_amx"])
+def test_the_torch_calls_behind_the_amx_request_exist(name):
+    """``amx.request_amx_tiles`` calls these two private torch functions with no arguments; a torch that
+    renames or drops one fails here, naming it, instead of leaving AMX workers to die with SIGILL."""
+    import inspect
+
+    function = getattr(torch.cpu, name, None)
+    assert callable(function), f"torch {torch.__version__} has no torch.cpu.{name}: re-read serving/vllm/amx.py"
+    assert not [p for p in inspect.signature(function).parameters.values() if p.default is p.empty]
+
+
+def test_register_asks_for_amx_tiles_where_the_cpu_has_them(monkeypatch):
+    from llamafactory_zebra.serving.vllm import amx
+
+    calls = []
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    monkeypatch.setattr(torch.cpu, "_init_amx", lambda: calls.append("init") or True)
+    register()
+    assert calls == ["init"]
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    assert amx.request_amx_tiles() is False
+    assert calls == ["init"]

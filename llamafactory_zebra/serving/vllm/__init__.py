@@ -28,6 +28,8 @@ What runs where (``model.py``, ``mla.py``, ``gdn.py``):
   read-the-slot, write-the-slot recurrence is all align mode needs (``tests_vllm/test_prefix_caching.py``);
   ``seams.py`` gives the scheduler back the block size vLLM's CPU platform resets after start-up, so
   prompts are not cut into needless chunks.
+- AMX CPUs: vLLM's CPU attention runs AMX instructions without asking Linux for the tile state; every
+  process the plugin loads in asks first (``amx.py``), so no worker dies with SIGILL.
 """
 
 from __future__ import annotations
@@ -37,9 +39,11 @@ def register() -> None:
     """vLLM's ``general_plugins`` hook: the Zebra config in both layouts and the model class."""
     from vllm import ModelRegistry
 
+    from .amx import request_amx_tiles
     from .config_parser import ARCHITECTURE, register_config_parser_for_released_layout, register_zebra_config
     from .seams import install as install_vllm_fixes
 
+    request_amx_tiles()  # before any vLLM kernel runs in this process (amx.py)
     register_zebra_config()
     install_vllm_fixes()
     register_config_parser_for_released_layout()
