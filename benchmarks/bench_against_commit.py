@@ -10,10 +10,14 @@ machine wall time mostly measures the other jobs. Points:
   (H=6, K=256, V=512), as ``bench_gdn.py`` times it;
 - ``model-plain`` / ``model-packing`` / ``model-neat``: one training step (fwd+bwd) of a tiny Zebra
   (sdpa) on one row of T tokens: unpacked, 8 samples marked by restarting ``position_ids``
-  (LLaMA-Factory's ``packing``), and 8 samples as segment ids in the 2-D mask (``neat_packing``).
+  (LLaMA-Factory's ``packing``), and 8 samples as segment ids in the 2-D mask (``neat_packing``);
+- ``serve-prefill``: ``ops.chunk_gated_delta_rule_in_slots`` (the vLLM layer's prompt op) on one request of
+  T bf16 tokens at the same shapes, from a fresh state slot;
+- ``serve-gdn-norm``: the GDN layer's gated RMSNorm (``ZebraGatedRMSNorm``) over T bf16 tokens of 6 heads
+  x 512 values, no gradient (the norm the serving layer runs).
 
     git archive HEAD~1 | tar -x -C /tmp/baseline
-    python benchmarks/bench_against_commit.py --baseline /tmp/baseline --length 2048 --repeats 5
+    python benchmarks/bench_against_commit.py --baseline /tmp/baseline --length 2048 --repeats 5 [--points ...]
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-POINTS = ("gdn-op", "model-plain", "model-packing", "model-neat")
+POINTS = ("gdn-op", "model-plain", "model-packing", "model-neat", "serve-prefill", "serve-gdn-norm")
 SAMPLES = 8
 WIDTH = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "vocab_size": 1024}
 
@@ -44,6 +48,24 @@ def _step(kind: str, length: int):
         g = -torch.rand(1, length, 6)
         beta = torch.rand(1, length, 6)
         return lambda: chunk_gated_delta_rule_torch(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0].sum().backward()
+
+    if kind == "serve-prefill":
+        from llamafactory_zebra.ops import chunk_gated_delta_rule_in_slots
+
+        q, k = (torch.randn(1, length, 6, 256).bfloat16() for _ in range(2))
+        v = torch.randn(1, length, 6, 512).bfloat16()
+        g, beta = -torch.rand(1, length, 6) * 0.1, torch.rand(1, length, 6).bfloat16()
+        cache = torch.zeros(2, 6, 512, 256).transpose(-1, -2)  # vLLM's [slots, H, V, K], read as [slots, H, K, V]
+        borders, slot, fresh = torch.tensor([0, length]), torch.tensor([1]), torch.tensor([False])
+        return lambda: chunk_gated_delta_rule_in_slots(
+            q, k, v, g, beta, cache, slot, borders, fresh, use_qk_l2norm_in_kernel=True
+        )
+    if kind == "serve-gdn-norm":
+        from llamafactory_zebra.layers.norms import ZebraGatedRMSNorm
+
+        norm = ZebraGatedRMSNorm(512).requires_grad_(False)
+        x, gate = (torch.randn(length, 6, 512).bfloat16() for _ in range(2))
+        return lambda: norm(x, gate)
 
     from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
 
@@ -95,6 +117,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--points", nargs="+", choices=POINTS, default=list(POINTS), help="the points to run")
     parser.add_argument("--point", choices=POINTS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.point:
@@ -107,10 +130,10 @@ def main() -> None:
         parser.error("--baseline DIR is required")
 
     trees = {"baseline": args.baseline.resolve(), "this": Path(__file__).resolve().parents[1]}
-    times: dict[tuple[str, str], list[float]] = {(name, kind): [] for name in trees for kind in POINTS}
+    times: dict[tuple[str, str], list[float]] = {(name, kind): [] for name in trees for kind in args.points}
     for round_index in range(args.repeats):
         order = list(trees.items()) if round_index % 2 == 0 else list(reversed(trees.items()))
-        for kind in POINTS:
+        for kind in args.points:
             for name, tree in order:
                 times[name, kind].append(run_point(tree, kind, args.length, args.threads))
         print_table(times, trees, args, rounds=round_index + 1)
@@ -124,7 +147,7 @@ def print_table(times: dict[tuple[str, str], list[float]], trees: dict[str, Path
     print(f"baseline: {trees['baseline']}; this: {trees['this']}")
     print("| point | baseline s | this s | ratio this/baseline | spread (max/min, both trees) |")
     print("|---|---|---|---|---|")
-    for kind in POINTS:
+    for kind in args.points:
         base, this = statistics.median(times["baseline", kind]), statistics.median(times["this", kind])
         every = times["baseline", kind] + times["this", kind]
         print(f"| {kind} | {base:.3f} | {this:.3f} | {this / base:.3f} | {max(every) / min(every):.2f} |", flush=True)

@@ -1,5 +1,6 @@
 """The C++ GDN decode step on CPU state slots (``ops/gated_delta_rule/cpu_step.py``) against the fp64
-token-by-token reference, and the op's choice between it and the PyTorch step."""
+token-by-token reference, the op's choice between it and the PyTorch step, and the build of the package's
+CPU extension (``ops/cpu_extension.py``) that holds it."""
 
 import logging
 
@@ -7,13 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llamafactory_zebra.kernels.switches import CPU_STEP_ENV_VAR
+import llamafactory_zebra.ops.cpu_extension as cpu_extension_module
+from llamafactory_zebra.kernels.switches import CPU_KERNELS_ENV_VAR
 from llamafactory_zebra.ops import (
-    cpu_step_kernel,
+    cpu_kernels,
     fused_recurrent_gated_delta_rule_in_slots,
     naive_recurrent_gated_delta_rule,
 )
-from llamafactory_zebra.ops.gated_delta_rule import cpu_step, in_slots
+from llamafactory_zebra.ops.gated_delta_rule import in_slots
 
 
 def reference_step(q, k, v, g, beta, state, scale):
@@ -34,9 +36,9 @@ def inputs(seqs, heads, key_dim, value_dim, seed=0):
     return q, k, v, g, beta
 
 
-def test_the_kernel_builds_on_this_machine():
+def test_the_extension_builds_on_this_machine():
     # Linux with a C++ compiler (the README's test setup): the build must work, not quietly fall back.
-    assert cpu_step_kernel() is not None
+    assert cpu_kernels() is not None
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -81,7 +83,7 @@ def kernel_calls(monkeypatch):
         ("transposed state view", False),
         ("bf16 state", False),
         ("fp64 inputs and state", False),
-        ("ZEBRA_GDN_CPU_STEP=torch", False),
+        ("ZEBRA_CPU_KERNELS=torch", False),
     ],
 )
 def test_the_op_takes_the_kernel_only_where_it_fits(case, uses_kernel, kernel_calls, monkeypatch):
@@ -95,8 +97,8 @@ def test_the_op_takes_the_kernel_only_where_it_fits(case, uses_kernel, kernel_ca
         cache = cache.bfloat16()
     elif case == "fp64 inputs and state":
         q, k, v, g, beta, cache = (t.double() for t in (q, k, v, g, beta, cache))
-    elif case == "ZEBRA_GDN_CPU_STEP=torch":
-        monkeypatch.setenv(CPU_STEP_ENV_VAR, "torch")
+    elif case == "ZEBRA_CPU_KERNELS=torch":
+        monkeypatch.setenv(CPU_KERNELS_ENV_VAR, "torch")
     expected_o, expected_states = reference_step(q, k, v, g, beta, cache[[2, 0, 3]], 8**-0.5)
     o = fused_recurrent_gated_delta_rule_in_slots(
         q, k, v, g, beta, cache, torch.tensor([2, 0, 3]), use_qk_l2norm_in_kernel=True
@@ -108,9 +110,9 @@ def test_the_op_takes_the_kernel_only_where_it_fits(case, uses_kernel, kernel_ca
 
 
 def test_an_unknown_switch_value_is_refused(monkeypatch):
-    monkeypatch.setenv(CPU_STEP_ENV_VAR, "fast")
-    with pytest.raises(ValueError, match="ZEBRA_GDN_CPU_STEP='fast' is not valid; use one of auto, torch"):
-        cpu_step_kernel()
+    monkeypatch.setenv(CPU_KERNELS_ENV_VAR, "fast")
+    with pytest.raises(ValueError, match="ZEBRA_CPU_KERNELS='fast' is not valid; use one of auto, torch"):
+        cpu_kernels()
 
 
 def test_a_failed_build_keeps_the_pytorch_step_with_a_warning(monkeypatch, caplog):
@@ -120,10 +122,10 @@ def test_a_failed_build_keeps_the_pytorch_step_with_a_warning(monkeypatch, caplo
         raise RuntimeError("Error building extension: c++: not found")
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
-    cpu_step._build.cache_clear()
+    cpu_extension_module._build.cache_clear()
     try:
         with caplog.at_level(logging.WARNING):
-            assert cpu_step_kernel() is None
+            assert cpu_kernels() is None
         q, k, v, g, beta = inputs(2, 2, 8, 16)
         cache = torch.randn(3, 2, 8, 16) * 0.1
         expected_o, _ = reference_step(q, k, v, g, beta, cache[[1, 0]], 8**-0.5)
@@ -132,9 +134,7 @@ def test_a_failed_build_keeps_the_pytorch_step_with_a_warning(monkeypatch, caplo
         )
         torch.testing.assert_close(o.double(), expected_o, rtol=1e-5, atol=1e-5)
     finally:
-        cpu_step._build.cache_clear()  # the next test loads the real build again (cached on disk)
+        cpu_extension_module._build.cache_clear()  # the next test loads the real build again (cached on disk)
     message = caplog.text
-    assert (
-        "could not build the C++ GDN decode step (RuntimeError: Error building extension: c++: not found)" in message
-    )
-    assert "ZEBRA_GDN_CPU_STEP=torch" in message
+    assert "could not build the C++ CPU kernels (RuntimeError: Error building extension: c++: not found)" in message
+    assert "ZEBRA_CPU_KERNELS=torch" in message

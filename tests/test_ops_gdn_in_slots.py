@@ -8,11 +8,11 @@ from llamafactory_zebra.ops import (
     causal_conv1d_in_slots,
     causal_conv1d_update_in_slots,
     chunk_gated_delta_rule_in_slots,
-    chunk_gated_delta_rule_torch,
     fused_recurrent_gated_delta_rule_in_slots,
     naive_recurrent_gated_delta_rule,
 )
 from llamafactory_zebra.ops.gated_delta_rule import in_slots
+from llamafactory_zebra.ops.gated_delta_rule.chunk_prefill import chunk_gated_delta_rule_prefill
 
 
 def step_inputs(seqs, heads, key_dim, value_dim, seed=0):
@@ -121,61 +121,116 @@ def packed_inputs(lengths, heads, key_dim, value_dim, dtype=torch.float64, seed=
     return [t.to(dtype) for t in (q, k, v, g, beta)], cu_seqlens
 
 
+def reference_segments(inputs, cu_seqlens, start_states, has_initial_state):
+    """Each segment alone through the fp64 naive rule, from its start state or zeros: ``o`` and final states."""
+    outputs, finals = [], []
+    for i, (start, end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist(), strict=True)):
+        start_state = start_states[i][None].double() if has_initial_state[i] else None
+        o, final = naive_recurrent_gated_delta_rule(
+            *(t[:, start:end].double() for t in inputs), initial_state=start_state, output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+        outputs.append(o)
+        finals.append(final[0])
+    return torch.cat(outputs, dim=1), torch.stack(finals)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "heads", "key_dim", "value_dim", "has_initial_state"),
+    [
+        ([1, 70, 5], 2, 8, 6, [True, False, True]),
+        ([5, 65, 200, 1, 128], 1, 33, 7, [False, True, False, True, True]),  # odd heads, two whole chunks
+    ],
+)
 @pytest.mark.parametrize("value_major", [False, True])
-def test_chunk_on_slots_runs_each_segment_from_its_slot_or_zeros(value_major):
-    """Segments of 1, 70 (two chunks) and 5 tokens: each equals the fp64 reference run alone, from its
-    slot's state or from zeros, writes its final state to its slot and leaves the other slots alone."""
-    lengths, heads, key_dim, value_dim = [1, 70, 5], 2, 8, 6
-    (q, k, v, g, beta), cu_seqlens = packed_inputs(lengths, heads, key_dim, value_dim)
-    cache = cache_of(6, heads, key_dim, value_dim, value_major, torch.float64)
+def test_chunk_on_slots_runs_each_segment_from_its_slot_or_zeros(
+    lengths, heads, key_dim, value_dim, has_initial_state, value_major
+):
+    """Each segment equals the fp64 reference run alone, from its slot's state or from zeros, writes its final
+    state to its slot and leaves the other slots alone."""
+    inputs, cu_seqlens = packed_inputs(lengths, heads, key_dim, value_dim)
+    cache = cache_of(len(lengths) + 3, heads, key_dim, value_dim, value_major, torch.float64)
     before = cache.clone()
-    slots = torch.tensor([4, 0, 2])
-    has_initial_state = torch.tensor([True, False, True])
+    slots = torch.randperm(len(lengths) + 3, generator=torch.Generator().manual_seed(2))[: len(lengths)]
+    has_initial_state = torch.tensor(has_initial_state)
 
     o = chunk_gated_delta_rule_in_slots(
-        q, k, v, g, beta, cache, slots, cu_seqlens, has_initial_state, use_qk_l2norm_in_kernel=True
+        *inputs, cache, slots, cu_seqlens, has_initial_state, use_qk_l2norm_in_kernel=True
     )
 
-    for i, (start, end) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist(), strict=True)):
-        start_state = before[slots[i]][None] if has_initial_state[i] else None
-        segment = [t[:, start:end] for t in (q, k, v, g, beta)]
-        expected_o, expected_state = naive_recurrent_gated_delta_rule(
-            *segment, initial_state=start_state, output_final_state=True, use_qk_l2norm_in_kernel=True
-        )
-        torch.testing.assert_close(o[:, start:end], expected_o, atol=1e-10, rtol=1e-10)
-        torch.testing.assert_close(cache[slots[i]], expected_state[0], atol=1e-10, rtol=1e-10)
-    untouched = [1, 3, 5]
+    expected_o, expected_states = reference_segments(inputs, cu_seqlens, before[slots], has_initial_state)
+    torch.testing.assert_close(o, expected_o, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(cache[slots], expected_states, atol=1e-10, rtol=1e-10)
+    untouched = [i for i in range(cache.shape[0]) if i not in slots.tolist()]
     assert torch.equal(cache[untouched], before[untouched])
+
+
+def test_prefill_with_bf16_operands_stays_within_bf16_noise():
+    """bf16 inputs: the prefill op's bf16-operand path (``chunk_prefill.py``) errs against the fp64 run on the
+    fp64 inputs by a small multiple of what bf16 inputs alone cost its exact path (uneven segments, states
+    continued from slots)."""
+    lengths, has_initial_state = [5, 65, 200, 1, 128], torch.tensor([False, True, False, True, True])
+    inputs, cu_seqlens = packed_inputs(lengths, 2, 32, 64)
+    cache = 0.3 * cache_of(len(lengths) + 3, 2, 32, 64, True, torch.float32)
+    slots = torch.tensor([6, 0, 3, 7, 2])
+    expected_o, expected_states = reference_segments(inputs, cu_seqlens, cache[slots], has_initial_state)
+    half = [t.bfloat16() for t in inputs]
+    errors = {}
+    for name, matmul_dtype in (("exact", None), ("bf16", torch.bfloat16)):
+        run_cache = cache.clone()
+        o = chunk_gated_delta_rule_prefill(
+            *half, run_cache, slots, cu_seqlens, has_initial_state, use_qk_l2norm_in_kernel=True,
+            matmul_dtype=matmul_dtype,
+        )  # fmt: skip
+        assert o.dtype == torch.bfloat16 and run_cache.dtype == torch.float32
+        errors[name] = [(o.double() - expected_o).abs(), (run_cache[slots].double() - expected_states).abs()]
+    for index, what in enumerate(("output", "final state")):
+        exact, bf16 = errors["exact"][index], errors["bf16"][index]
+        summary = f"{what}: bf16 operands mean {bf16.mean():.2e} max {bf16.max():.2e}; exact mean {exact.mean():.2e} max {exact.max():.2e}"
+        assert 0 < exact.mean() and bf16.mean() <= 2 * exact.mean(), summary
+        assert bf16.max() <= 3 * exact.max(), summary
+
+
+def test_prefill_refuses_other_operand_dtypes():
+    inputs, cu_seqlens = packed_inputs([3], 1, 4, 4)
+    with pytest.raises(ValueError, match="matmul_dtype must be None or torch.bfloat16"):
+        chunk_gated_delta_rule_prefill(
+            *inputs, torch.zeros(1, 1, 4, 4), torch.tensor([0]), cu_seqlens, torch.tensor([False]),
+            matmul_dtype=torch.float16,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("bf16_dot_products", [True, False])
 def test_chunk_on_slots_takes_bf16_gemm_operands_only_where_the_cpu_has_bf16_dot_products(
     monkeypatch, bf16_dot_products
 ):
-    """bf16 inputs on a CPU: the output is bit-for-bit the chunked op's with bf16 GEMM operands where the
-    CPU has bf16 dot products, and the exact fp32 path's elsewhere; fp32 inputs always take the exact path."""
+    """bf16 inputs on a CPU: the output is bit-for-bit the prefill op's with bf16 GEMM operands where the
+    CPU has bf16 dot products, and its exact path's elsewhere; fp32 inputs always take the exact path."""
     monkeypatch.setattr(in_slots, "cpu_has_bf16_dot_products", lambda: bf16_dot_products)
     lengths, heads, key_dim, value_dim = [3, 66], 2, 16, 8
     for dtype in (torch.bfloat16, torch.float32):
         inputs, cu_seqlens = packed_inputs(lengths, heads, key_dim, value_dim, dtype=dtype)
-        cache = torch.zeros(2, heads, key_dim, value_dim)
         slots, fresh_start = torch.tensor([1, 0]), torch.tensor([False, False])
+
+        def prefill(matmul_dtype, inputs=inputs, cu_seqlens=cu_seqlens, slots=slots, fresh_start=fresh_start):
+            cache = torch.zeros(2, heads, key_dim, value_dim)
+            o = chunk_gated_delta_rule_prefill(
+                *inputs, cache, slots, cu_seqlens, fresh_start, use_qk_l2norm_in_kernel=True,
+                matmul_dtype=matmul_dtype,
+            )  # fmt: skip
+            return o, cache
+
+        cache = torch.zeros(2, heads, key_dim, value_dim)
         o = chunk_gated_delta_rule_in_slots(
             *inputs, cache, slots, cu_seqlens, fresh_start, use_qk_l2norm_in_kernel=True
         )
         bf16_operands = dtype == torch.bfloat16 and bf16_dot_products
-        expected_o, expected_state = chunk_gated_delta_rule_torch(
-            *inputs, output_final_state=True, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True,
-            matmul_dtype=torch.bfloat16 if bf16_operands else None,
-        )  # fmt: skip
-        other_o, _ = chunk_gated_delta_rule_torch(
-            *inputs, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True,
-            matmul_dtype=None if bf16_operands or dtype != torch.bfloat16 else torch.bfloat16,
-        )  # fmt: skip
+        expected_o, expected_cache = prefill(torch.bfloat16 if bf16_operands else None)
+        other_o, _ = prefill(None if bf16_operands or dtype != torch.bfloat16 else torch.bfloat16)
         if dtype == torch.bfloat16:  # the two paths differ, so the equality below tells them apart
             assert not torch.equal(other_o, expected_o)
         assert torch.equal(o, expected_o)
-        assert torch.equal(cache[slots], expected_state)
+        assert torch.equal(cache, expected_cache)
 
 
 def test_chunk_on_slots_bad_arguments_are_named():

@@ -1,5 +1,5 @@
 """The environment switches kernel choice reads: the plugin's GDN backend key, which PyTorch GDN formulation
-runs when fla does not, whether serving's CPU decode step uses its C++ kernel, and Triton's interpreter flag."""
+runs when fla does not, whether the package's C++ CPU kernels are built and run, and Triton's interpreter flag."""
 
 from __future__ import annotations
 
@@ -45,15 +45,17 @@ def torch_chunk_choice(on_gpu: bool) -> str:
     return choice
 
 
-# Serving's GDN decode step on CPU (``ops/gated_delta_rule/cpu_step.py``): ``auto`` builds and runs the C++
-# step where it builds, ``torch`` keeps the PyTorch step (``in_slots.py``).
-CPU_STEP_ENV_VAR = "ZEBRA_GDN_CPU_STEP"
-CPU_STEP_CHOICES = ("auto", "torch")
+# The package's C++ CPU kernels for inference (``ops/cpu_extension.py``: serving's GDN decode step, the gated
+# RMSNorm): ``auto`` builds them on first use and runs them where they fit, ``torch`` keeps their PyTorch paths.
+CPU_KERNELS_ENV_VAR = "ZEBRA_CPU_KERNELS"
+CPU_KERNELS_CHOICES = ("auto", "torch")
 
 
-def cpu_step_choice() -> str:
-    """``ZEBRA_GDN_CPU_STEP``, read at each call: ``auto`` (default) or ``torch``; anything else is refused."""
-    choice = os.environ.get(CPU_STEP_ENV_VAR, "auto").strip().lower() or "auto"
-    if choice not in CPU_STEP_CHOICES:
-        raise ValueError(f"{CPU_STEP_ENV_VAR}={choice!r} is not valid; use one of {', '.join(CPU_STEP_CHOICES)}.")
+def cpu_kernels_choice() -> str:
+    """``ZEBRA_CPU_KERNELS``, read at each call: ``auto`` (default) or ``torch``; anything else is refused."""
+    choice = os.environ.get(CPU_KERNELS_ENV_VAR, "auto").strip().lower() or "auto"
+    if choice not in CPU_KERNELS_CHOICES:
+        raise ValueError(
+            f"{CPU_KERNELS_ENV_VAR}={choice!r} is not valid; use one of {', '.join(CPU_KERNELS_CHOICES)}."
+        )
     return choice

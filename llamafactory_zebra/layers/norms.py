@@ -4,8 +4,9 @@ Statistics are computed in at least fp32 (fp64 stays fp64, so the fp64 reference
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from ..ops import gated_rms_norm
 
 
 class ZebraRMSNorm(nn.Module):
@@ -30,8 +31,8 @@ class ZebraRMSNorm(nn.Module):
 class ZebraGatedRMSNorm(nn.Module):
     """``rmsnorm(x) * weight * silu(gate)`` over one head's value channels, as fla's ``FusedRMSNormGated``.
 
-    The released GDN layers store it as ``o_norm.weight`` of size ``head_v_dim``; computing it here in
-    fp32 keeps the CPU path exact and lets the GPU path stay in PyTorch (it is not a hot spot).
+    The released GDN layers store it as ``o_norm.weight`` of size ``head_v_dim``; the formula is the op
+    ``ops.gated_rms_norm`` (the vLLM layer asks it too).
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -40,13 +41,7 @@ class ZebraGatedRMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        input_dtype = hidden_states.dtype
-        compute_dtype = torch.promote_types(input_dtype, torch.float32)
-        hidden_states = hidden_states.to(compute_dtype)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        hidden_states = self.weight.to(compute_dtype) * hidden_states * F.silu(gate.to(compute_dtype))
-        return hidden_states.to(input_dtype)
+        return gated_rms_norm(hidden_states, gate, self.weight, self.variance_epsilon)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"

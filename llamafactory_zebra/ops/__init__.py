@@ -8,18 +8,19 @@ import ``layers/``; layers call these functions. Packed-sample borders (``cu_seq
 
 from .backend import BACKEND_ENV_VAR
 from .causal_conv1d import causal_conv1d, causal_conv1d_in_slots, causal_conv1d_update, causal_conv1d_update_in_slots
+from .cpu_extension import cpu_kernels
 from .gated_delta_rule import (
     chunk_gated_delta_rule,
     chunk_gated_delta_rule_in_slots,
     chunk_gated_delta_rule_torch,
     cpu_has_bf16_dot_products,
-    cpu_step_kernel,
     fused_recurrent_gated_delta_rule,
     fused_recurrent_gated_delta_rule_in_slots,
     fused_recurrent_gated_delta_rule_torch,
     gdn_gates,
     naive_recurrent_gated_delta_rule,
 )
+from .gated_rms_norm import gated_rms_norm
 
 __all__ = [
     "BACKEND_ENV_VAR",
@@ -31,7 +32,8 @@ __all__ = [
     "chunk_gated_delta_rule_in_slots",
     "chunk_gated_delta_rule_torch",
     "cpu_has_bf16_dot_products",
-    "cpu_step_kernel",
+    "cpu_kernels",
+    "gated_rms_norm",
     "fused_recurrent_gated_delta_rule",
     "fused_recurrent_gated_delta_rule_in_slots",
     "fused_recurrent_gated_delta_rule_torch",

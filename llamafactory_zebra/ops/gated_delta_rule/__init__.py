@@ -2,7 +2,6 @@
 
 from .chunk import chunk_gated_delta_rule_torch
 from .chunk_parallel import chunk_gated_delta_rule_parallel
-from .cpu_step import cpu_step_kernel
 from .dispatch import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
 from .fused_recurrent import fused_recurrent_gated_delta_rule_torch
 from .gates import gdn_gates
@@ -18,7 +17,6 @@ __all__ = [
     "TORCH_CHUNK_ENV_VAR",
     "chunk_gated_delta_rule_in_slots",
     "cpu_has_bf16_dot_products",
-    "cpu_step_kernel",
     "chunk_gated_delta_rule",
     "chunk_gated_delta_rule_parallel",
     "chunk_gated_delta_rule_torch",

@@ -19,9 +19,10 @@ state S0 entering the chunk, q already scaled)::
     S1 = exp(gamma_C) S0 + (diag(exp(gamma_C - gamma)) K)^T Vn
 
 Only non-positive exponents appear, so nothing overflows for g <= 0. All maths runs in fp32 (fp64
-for fp64 inputs), unless an inference caller asks for bf16 GEMM operands (``matmul_dtype``). When
-gradients are needed, the state entering every chunk is kept for the backward pass (N_chunks x H x K x V
-floats, 400 MB for the Zebra layer at T = 8k).
+for fp64 inputs). When gradients are needed, the state entering every chunk is kept for the backward
+pass (N_chunks x H x K x V floats, 400 MB for the Zebra layer at T = 8k). ``chunk_prefill.py`` runs the
+same forward for serving prefills, with the pieces below (:func:`chunk_decays`, :func:`wy_inverse`,
+:func:`chunk_recurrence`).
 """
 
 from __future__ import annotations
@@ -40,39 +41,79 @@ def _bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.bmm(a.flatten(0, 1), b.flatten(0, 1)).view(*a.shape[:2], a.shape[2], b.shape[3])
 
 
+def chunk_decays(gamma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """From the in-chunk cumulative log-decays ``gamma`` ``[..., C]``: exp(gamma), exp(gamma_C) (the whole
+    chunk's decay), exp(gamma_C - gamma) (a token's decay to the chunk's end) and the ``[..., C, C]`` matrix
+    Gamma_ij = exp(gamma_i - gamma_j) for j <= i, zero above the diagonal."""
+    size = gamma.shape[-1]
+    exp_gamma = gamma.exp()
+    exp_last = exp_gamma[..., -1].contiguous()
+    exp_tail = (gamma[..., -1:] - gamma).exp()
+    above = torch.ones(size, size, dtype=torch.bool, device=gamma.device).triu(1)
+    decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill_(above, float("-inf")).exp_()
+    return exp_gamma, exp_last, exp_tail, decay
+
+
+def wy_inverse(kk: torch.Tensor, decay: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """T = (I + strictly_lower(diag(beta) (K K^T * Gamma)))^-1 per chunk, from the Gram matrix ``kk``."""
+    strict = (kk * decay).mul_(beta[..., None]).tril_(-1)
+    eye = torch.eye(kk.shape[-1], dtype=kk.dtype, device=kk.device).expand_as(strict)
+    return torch.linalg.solve_triangular(strict, eye, upper=False, unitriangular=True)
+
+
+def chunk_recurrence(
+    qw: torch.Tensor,
+    u: torch.Tensor,
+    kd: torch.Tensor,
+    exp_last: torch.Tensor,
+    state: torch.Tensor,
+    plan: ChunkPlan,
+    states: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The chunk-to-chunk loop: advance ``state`` ``[N, H, K, V]`` (sequences in plan order) in place.
+
+    ``qw`` ``[chunks, H, 2C, K]`` holds scale * exp(gamma) Q in rows ``[:C]`` and W in rows ``[C:]``, so one
+    GEMM with the entering state S0 gives both products; ``u`` is U and ``kd`` the keys decayed to the chunk's
+    end, transposed (``[chunks, H, K, C]``). The GEMM operands take ``qw``'s dtype (the state is cast to it);
+    a product of a narrower dtype than the state is rounded once and added (CPUs have no bf16-in/fp32-out
+    GEMM). Returns ``[chunks, H, 2C, V]``: rows ``[:C]`` the inter-chunk output diag(exp(gamma)) Q S0 (scaled),
+    rows ``[C:]`` the new values Vn = U - W S0. ``states``, when given, receives the state entering each chunk.
+    """
+    size = plan.chunk_size
+    products = u.new_empty(*qw.shape[:3], u.shape[-1])
+    vn = products[:, :, size:]
+    for first, active in plan.steps:
+        chunk = slice(first, first + active)
+        current = state[:active]
+        if states is not None:
+            states[chunk].copy_(current)
+        torch.bmm(qw[chunk].flatten(0, 1), current.to(qw.dtype).flatten(0, 1), out=products[chunk].flatten(0, 1))
+        torch.sub(u[chunk], vn[chunk], out=vn[chunk])
+        current.mul_(exp_last[chunk][..., None, None])
+        written = (kd[chunk].flatten(0, 1), vn[chunk].flatten(0, 1))
+        if qw.dtype == current.dtype:
+            current.flatten(0, 1).baddbmm_(*written)
+        else:
+            current.flatten(0, 1).add_(torch.bmm(*written).to(current.dtype))
+    return products
+
+
 class _ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, initial_state, scale: float, plan: ChunkPlan, keep: bool, matmul_dtype):
+    def forward(ctx, q, k, v, g, beta, initial_state, scale: float, plan: ChunkPlan, keep: bool):
         size = plan.chunk_size
         with torch.autocast(q.device.type, enabled=False):
             qc, kc, vc = plan.to_chunks(q), plan.to_chunks(k), plan.to_chunks(v)
             bc = plan.to_chunks(beta[..., None])[..., 0]
             gamma = plan.to_chunks(g[..., None])[..., 0].cumsum(-1)
-            exp_gamma = gamma.exp()
-            exp_last = exp_gamma[..., -1].contiguous()
-            exp_tail = (gamma[..., -1:] - gamma).exp()
-            above = torch.ones(size, size, dtype=torch.bool, device=q.device).triu(1)
-            decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill_(above, float("-inf")).exp_()
-
+            exp_gamma, exp_last, exp_tail, decay = chunk_decays(gamma)
             kk = _bmm(kc, kc.mT)
-            strict = (kk * decay).mul_(bc[..., None]).tril_(-1)
-            eye = torch.eye(size, dtype=q.dtype, device=q.device).expand_as(strict)
-            inv = torch.linalg.solve_triangular(strict, eye, upper=False, unitriangular=True)
-            # The GEMMs with V- or state-sized operands take ``matmul_dtype`` operands (a no-op cast in the
-            # default exact mode); the Gram matrices, the triangular solve and the state stay in ``q.dtype``.
-            inv_mm = inv.to(matmul_dtype)
-            # Rows [:C] hold scale * exp(gamma) Q, rows [C:] hold W: one GEMM with S0 gives both products.
-            qw = torch.cat(
-                [
-                    (qc * (scale * exp_gamma)[..., None]).to(matmul_dtype),
-                    _bmm(inv_mm, (kc * (bc * exp_gamma)[..., None]).to(matmul_dtype)),
-                ],
-                dim=2,
-            )
-            u = _bmm(inv_mm, (vc * bc[..., None]).to(matmul_dtype))
+            inv = wy_inverse(kk, decay, bc)
+            qw = torch.cat([qc * (scale * exp_gamma)[..., None], _bmm(inv, kc * (bc * exp_gamma)[..., None])], dim=2)
+            u = _bmm(inv, vc * bc[..., None])
             qk = _bmm(qc, kc.mT).mul_(scale)
             intra = qk * decay
-            kd = (kc * exp_tail[..., None]).to(matmul_dtype)
+            kd = kc * exp_tail[..., None]
 
             if initial_state is None:
                 state = q.new_zeros(len(plan.order), q.shape[1], k.shape[-1], v.shape[-1])
@@ -80,23 +121,9 @@ class _ChunkGatedDeltaRuleFunction(torch.autograd.Function):
                 state = initial_state[plan.order]  # a gathered copy, advanced in place below
             # The state entering every chunk is kept only when a backward pass will need it (``keep``).
             states = q.new_empty(plan.num_chunks, *state.shape[1:]) if keep else None
-            products = u.new_empty(*qw.shape[:3], v.shape[-1])
+            products = chunk_recurrence(qw, u, kd.mT, exp_last, state, plan, states)
             vn = products[:, :, size:]
-            for first, active in plan.steps:
-                chunk = slice(first, first + active)
-                current = state[:active]
-                if keep:
-                    states[chunk].copy_(current)
-                operand = current.to(matmul_dtype).flatten(0, 1)
-                torch.bmm(qw[chunk].flatten(0, 1), operand, out=products[chunk].flatten(0, 1))
-                torch.sub(u[chunk], vn[chunk], out=vn[chunk])
-                current.mul_(exp_last[chunk][..., None, None])
-                written = (kd[chunk].flatten(0, 1).mT, vn[chunk].flatten(0, 1))
-                if matmul_dtype == current.dtype:
-                    current.flatten(0, 1).baddbmm_(*written)
-                else:  # no mixed-dtype baddbmm: the product is rounded once, then added to the state
-                    current.flatten(0, 1).add_(torch.bmm(*written))
-            o = _bmm(intra.to(matmul_dtype), vn).add_(products[:, :, :size])
+            o = _bmm(intra, vn).add_(products[:, :, :size])
             if plan.in_order:
                 final = state
             else:
@@ -183,7 +210,7 @@ class _ChunkGatedDeltaRuleFunction(torch.autograd.Function):
                 plan.from_chunks(dgc[..., None])[..., 0],
                 plan.from_chunks(dbc[..., None])[..., 0],
             )
-        return *grads, dinitial, None, None, None, None
+        return *grads, dinitial, None, None, None
 
 
 def chunk_gated_delta_rule_torch(
@@ -198,24 +225,12 @@ def chunk_gated_delta_rule_torch(
     *,
     cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
-    matmul_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The PyTorch path of :func:`~llamafactory_zebra.ops.chunk_gated_delta_rule` (same contract).
-
-    ``matmul_dtype=torch.bfloat16`` is an inference mode for bf16 serving: the GEMMs with value- or
-    state-sized operands (W S, Q S, the state update, U, the in-chunk output) take bf16 operands, as fla's
-    Triton kernels feed their dot products, while the state, the Gram matrices and the triangular solve
-    stay fp32. CPU GEMMs have no bf16-in/fp32-out form, so each product is also rounded to bf16 once
-    (fla keeps the fp32 accumulator of the state update). On a CPU with bf16 dot products it is the faster
-    mode (``benchmarks/bench_vllm_gdn_cpu.py``, figures in ``docs/benchmarks.md``). The default (``None``)
-    is the exact fp32 path, the only one with a backward.
-    """
+    """The PyTorch path of :func:`~llamafactory_zebra.ops.chunk_gated_delta_rule` (same contract), exact
+    (fp32, fp64 for fp64 inputs) and differentiable. Serving prefills on a CPU take ``chunk_prefill.py``."""
     check_gdn_inputs(q, k, v, g, beta, initial_state, cu_seqlens)
     batch, seq_len, heads, key_dim = q.shape
     dtype = compute_dtype(q.dtype)
-    matmul_dtype = dtype if matmul_dtype is None else matmul_dtype
-    if matmul_dtype not in (dtype, torch.bfloat16):
-        raise ValueError(f"matmul_dtype must be None, {dtype} or torch.bfloat16, got {matmul_dtype}.")
     scale = key_dim**-0.5 if scale is None else float(scale)
     starts, lengths = segment_bounds(batch, seq_len, cu_seqlens)
     plan = make_chunk_plan(starts, lengths, CHUNK_SIZE, q.device)
@@ -226,9 +241,5 @@ def chunk_gated_delta_rule_torch(
     h0 = None if initial_state is None else initial_state.to(dtype)
     inputs = (qf, kf, vf, gf, bf, h0)
     keep = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
-    if keep and matmul_dtype != dtype:
-        raise ValueError(
-            f"matmul_dtype={matmul_dtype} is for inference (no backward): run under torch.no_grad() or drop it."
-        )
-    o, final = _ChunkGatedDeltaRuleFunction.apply(*inputs, scale, plan, keep, matmul_dtype)
+    o, final = _ChunkGatedDeltaRuleFunction.apply(*inputs, scale, plan, keep)
     return o.view(batch, seq_len, heads, v.shape[-1]).to(q.dtype), final if output_final_state else None

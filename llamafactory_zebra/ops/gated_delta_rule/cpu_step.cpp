@@ -1,6 +1,7 @@
 // One decode token of the gated delta rule per sequence, on fp32 states that live in slots of one cache
 // tensor, updated in place: the CPU fast path of ``fused_recurrent_gated_delta_rule_in_slots`` (``cpu_step.py``
-// says why it exists; ``in_slots.py::_step_in_place`` is the PyTorch reference it must equal).
+// says why it exists; ``in_slots.py::_step_in_place`` is the PyTorch reference it must equal). Bound in
+// ``ops/cpu_extension.cpp``.
 //
 // Per (sequence, head), with S the [K, V] state (rows of V contiguous), q and k normalised and q scaled:
 //   pass 1 (read S once):    p = S^T k,  r = S^T q
@@ -78,9 +79,4 @@ torch::Tensor gated_delta_step_in_slots(torch::Tensor state, torch::Tensor slots
     }
   });
   return out;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gated_delta_step_in_slots", &gated_delta_step_in_slots,
-        "One gated-delta-rule decode token per sequence on fp32 state slots, in place");
 }

@@ -15,7 +15,7 @@ state is 6 heads x 256 x 512 in fp32, 3 MB a sequence), each a fresh allocation,
 kernel for this step refuses Zebra's head sizes. An fp32 state with rows of V contiguous (vLLM's SSM
 cache as the serving layer views it) is stepped by the C++ kernel of ``cpu_step.py``, which reads each
 head's state once for both products and updates it while it is still in cache; elsewhere (another dtype
-or layout, no compiler, ``ZEBRA_GDN_CPU_STEP=torch``) :func:`_step_in_place` does the same in PyTorch,
+or layout, no compiler, ``ZEBRA_CPU_KERNELS=torch``) :func:`_step_in_place` does the same in PyTorch,
 one sequence at a time. What each buys is measured by ``benchmarks/bench_vllm_gdn_cpu.py``
 (``docs/benchmarks.md``, serving).
 
@@ -28,9 +28,10 @@ Per head, with ``S`` the ``[K, V]`` state, q and k already normalised and q scal
 
 which is the token step of ``naive.py`` with the products taken before the update.
 
-Prompt chunks on a CPU with bf16 dot products (AVX-512-BF16, Arm's bf16 extension) run the chunked
-op's large GEMMs on bf16 operands for bf16 inputs (``matmul_dtype``, as fla's kernels feed their dot
-products on a GPU); elsewhere the exact path. Both ops are for inference: they write the cache in place.
+Prompt chunks without fla run ``chunk_prefill.py`` on the slots; on a CPU with bf16 dot products
+(AVX-512-BF16, Arm's bf16 extension) its GEMMs take bf16 operands for bf16 inputs (as fla's kernels feed
+their dot products on a GPU), elsewhere it is the exact path. Both ops are for inference: they write the
+cache in place.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ import platform
 import torch
 
 from ..backend import fla_ops
+from ..cpu_extension import cpu_kernels
 from .checks import check_gdn_inputs, compute_dtype, l2norm
-from .chunk import chunk_gated_delta_rule_torch
-from .cpu_step import cpu_step_fits, cpu_step_in_slots, cpu_step_kernel
+from .chunk_prefill import chunk_gated_delta_rule_prefill
+from .cpu_step import cpu_step_fits, cpu_step_in_slots
 from .dispatch import _FLA_GDN, chunk_gated_delta_rule
 
 
@@ -116,7 +118,7 @@ def fused_recurrent_gated_delta_rule_in_slots(
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
     q, decay = q * scale, g.exp()
-    kernel = cpu_step_kernel() if cpu_step_fits(state, dtype) else None
+    kernel = cpu_kernels() if cpu_step_fits(state, dtype) else None
     if kernel is not None:
         return cpu_step_in_slots(kernel, q, k, v, decay, beta, state, state_indices).to(in_dtype)
     return _step_in_place(q, k, v, decay, beta, state, state_indices.tolist()).to(in_dtype)
@@ -180,16 +182,18 @@ def chunk_gated_delta_rule_in_slots(
             f"has_initial_state must be a bool tensor of shape [N] = [{num_seqs}] (one per cu_seqlens segment), "
             f"got {has_initial_state.dtype} {tuple(has_initial_state.shape)}."
         )
+    if q.device.type == "cpu" and fla_ops(q, _FLA_GDN) is None:
+        bf16_operands = q.dtype == torch.bfloat16 and cpu_has_bf16_dot_products()
+        return chunk_gated_delta_rule_prefill(
+            q, k, v, g, beta, state, state_indices, cu_seqlens, has_initial_state, scale,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, matmul_dtype=torch.bfloat16 if bf16_operands else None,
+        )  # fmt: skip
     if bool(has_initial_state.any()):
         initial_state = state[state_indices].to(compute_dtype(q.dtype))
         initial_state[~has_initial_state] = 0
     else:
         initial_state = None  # every sequence's first chunk (the usual prefill): no slot to read
-    rule = chunk_gated_delta_rule
-    if q.dtype == torch.bfloat16 and q.device.type == "cpu" and cpu_has_bf16_dot_products():
-        if fla_ops(q, _FLA_GDN) is None:
-            rule = functools.partial(chunk_gated_delta_rule_torch, matmul_dtype=torch.bfloat16)
-    o, final = rule(
+    o, final = chunk_gated_delta_rule(
         q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state, output_final_state=True,
         cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
     )  # fmt: skip

@@ -33,14 +33,17 @@ class ChunkPlan:
     """``[num_tokens]``: chunk slot holding each token (inverse of ``token_index``)."""
     steps: tuple[tuple[int, int], ...]
     """Per step: (first chunk id, number of active sequences)."""
+    padded: bool
+    """Some chunk slot holds no token (a sequence's length is not a multiple of C)."""
 
     def to_chunks(self, x: torch.Tensor) -> torch.Tensor:
         """``[num_tokens, H, D]`` -> ``[num_chunks, H, C, D]`` with zeros in padding slots (one gather)."""
         heads = x.shape[1]
         rows = self.token_index.view(-1, 1, self.chunk_size) * heads + torch.arange(heads, device=x.device)[:, None]
-        padding = rows >= self.num_tokens * heads
-        chunks = x.reshape(-1, x.shape[-1]).index_select(0, rows.masked_fill(padding, 0).flatten())
-        chunks[padding.flatten()] = 0
+        padding = rows.flatten() >= self.num_tokens * heads
+        chunks = x.reshape(-1, x.shape[-1]).index_select(0, rows.flatten().masked_fill(padding, 0))
+        if self.padded:  # zero the padding rows alone, not a pass over every row
+            chunks.index_fill_(0, padding.nonzero().flatten(), 0)
         return chunks.view(self.num_chunks, heads, self.chunk_size, x.shape[-1])
 
     def from_chunks(self, chunks: torch.Tensor) -> torch.Tensor:
@@ -81,4 +84,5 @@ def make_chunk_plan(starts: torch.Tensor, lengths: torch.Tensor, chunk_size: int
         token_index=token_index.to(device),
         token_slot=token_slot.to(device),
         steps=tuple(zip(first.tolist(), active.tolist(), strict=True)),
+        padded=bool((~valid).any()),
     )

@@ -48,8 +48,9 @@ from ...ops import (
     causal_conv1d_update_in_slots,
     chunk_gated_delta_rule_in_slots,
     cpu_has_bf16_dot_products,
-    cpu_step_kernel,
+    cpu_kernels,
     fused_recurrent_gated_delta_rule_in_slots,
+    gated_rms_norm,
     gdn_gates,
 )
 
@@ -107,8 +108,8 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         self.conv_kernel_size = config.gdn_conv_size
         self.activation = "silu"
         self.vllm_cpu_conv = uses_vllm_cpu_conv(vllm_config.model_config.dtype, self.conv_kernel_size)
-        if current_platform.is_cpu() and self.state_dtypes[1] == torch.float32:
-            cpu_step_kernel()  # build (or load the cached build of) the C++ decode step at load, not mid-request
+        if current_platform.is_cpu():
+            cpu_kernels()  # build (or load the cached build of) the C++ CPU kernels at load, not mid-request
 
         self.qkvg_proj = MergedColumnParallelLinear(
             self.hidden_size, [self.key_dim, self.key_dim, self.value_dim, self.value_dim], bias=False,
@@ -123,7 +124,7 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         self.conv1d.weight = nn.Parameter(torch.empty(sum(channels), self.conv_kernel_size))
         self.conv1d.output_sizes = channels
         set_weight_attrs(self.conv1d.weight, {"weight_loader": _conv_weight_loader(channels)})
-        self.o_norm = RMSNormGated(self.head_v_dim, eps=config.gdn_norm_eps, norm_before_gate=True)
+        self.o_norm = ZebraRMSNormGated(self.head_v_dim, eps=config.gdn_norm_eps, norm_before_gate=True)
         self.o_proj = RowParallelLinear(
             self.value_dim, self.hidden_size, bias=False, quant_config=self.quant_config, prefix=f"{prefix}.o_proj"
         )
@@ -233,6 +234,17 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
             q, k, v, g[None], beta[None], ssm_cache, slots, starts, ~fresh, use_qk_l2norm_in_kernel=True
         )
         out.copy_(output.reshape(out.shape))
+
+
+class ZebraRMSNormGated(RMSNormGated):
+    """vLLM's ``RMSNormGated`` (fla's fused kernel on a GPU; plain PyTorch that ``torch.compile`` fuses), with
+    the package's one-pass CPU op where vLLM runs it eagerly on a CPU (``ops/gated_rms_norm.py`` says why)."""
+
+    def forward_cpu(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        plain = z is not None and self.group_size is None and self.norm_before_gate and self.activation != "sigmoid"
+        if not plain or torch.compiler.is_compiling():
+            return self.forward_native(x, z)
+        return gated_rms_norm(x, z, self.weight, self.eps)
 
 
 def uses_vllm_cpu_conv(dtype: torch.dtype, width: int) -> bool:

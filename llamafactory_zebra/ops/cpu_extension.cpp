@@ -1,0 +1,14 @@
+// Python bindings of the package's C++ CPU kernels (``cpu_extension.py`` builds them); each kernel lives in
+// its own file.
+#include <torch/extension.h>
+
+torch::Tensor gated_delta_step_in_slots(torch::Tensor state, torch::Tensor slots, torch::Tensor q,
+                                        torch::Tensor k, torch::Tensor v, torch::Tensor decay,
+                                        torch::Tensor beta);
+torch::Tensor gated_rms_norm(torch::Tensor x, torch::Tensor gate, torch::Tensor weight, double eps);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gated_delta_step_in_slots", &gated_delta_step_in_slots,
+        "One gated-delta-rule decode token per sequence on fp32 state slots, in place");
+  m.def("gated_rms_norm", &gated_rms_norm, "rmsnorm(x) * weight * silu(gate) over the last dimension");
+}

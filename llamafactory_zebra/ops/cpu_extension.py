@@ -1,0 +1,67 @@
+"""The package's C++ kernels for CPU inference: one extension, built on first use with PyTorch's builder.
+
+Each kernel's Python module says why it exists (``gated_delta_rule/cpu_step.py``: the GDN decode step on
+state slots; ``gated_rms_norm.py``: the gated RMSNorm that closes a GDN layer). They share one build:
+``torch.utils.cpp_extension.load`` compiles ``SOURCES`` for this CPU (``-march=native``; the build directory
+is named after the CPU, torch and Python, so no other machine or venv loads it) and PyTorch caches it. A
+machine without a C++ compiler, or a failed build, keeps every kernel's PyTorch path, with one warning.
+``ZEBRA_CPU_KERNELS=torch`` (``kernels/switches.py``) keeps the PyTorch paths without building.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import platform
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from ..kernels.switches import CPU_KERNELS_ENV_VAR, cpu_kernels_choice
+
+logger = logging.getLogger(__name__)
+HERE = Path(__file__).parent
+# The bindings first; each further file holds one kernel.
+SOURCES = (HERE / "cpu_extension.cpp", HERE / "gated_delta_rule" / "cpu_step.cpp", HERE / "gated_rms_norm.cpp")
+
+
+def _build_name() -> str:
+    """A name per CPU model and flags, torch, Python and the sources: the build is native code for one of each."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    cpu = "".join(line for line in lines[:30] if line.startswith(("model name", "flags", "Features")))
+    code = "".join(source.read_text() for source in SOURCES)
+    key = f"{platform.machine()}|{cpu}|{torch.__version__}|{sys.version_info[:2]}|{code}"
+    return f"zebra_cpu_kernels_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+@functools.cache
+def _build() -> ModuleType | None:
+    from torch.utils.cpp_extension import load
+
+    try:
+        return load(
+            name=_build_name(),
+            sources=[str(source) for source in SOURCES],
+            extra_cflags=["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno"],
+            verbose=False,
+        )
+    except Exception as error:  # no compiler, no headers, a failed build: the PyTorch paths still work
+        logger.warning(
+            "llamafactory-zebra: could not build the C++ CPU kernels (%s: %s); serving keeps their PyTorch "
+            "paths, which are slower on CPU (docs/benchmarks.md). Set %s=torch to skip the build.",
+            type(error).__name__,
+            str(error).splitlines()[0] if str(error) else "",
+            CPU_KERNELS_ENV_VAR,
+        )
+        return None
+
+
+def cpu_kernels() -> ModuleType | None:
+    """The built extension, or None where the PyTorch paths run (switch set to ``torch``, not Linux, or the
+    build failed). The first call builds (tens of seconds) or loads the cached build."""
+    if cpu_kernels_choice() == "torch" or not sys.platform.startswith("linux"):
+        return None
+    return _build()

@@ -1,0 +1,46 @@
+"""The gated RMSNorm that closes a GDN layer: ``rmsnorm(x) * weight * silu(gate)`` over each head's values.
+
+The formula is fla's ``FusedRMSNormGated`` (statistics in at least fp32; fp64 stays fp64, so the fp64
+reference tests stay exact); the training layer (``layers/norms.py``) and the vLLM layer ask this one op.
+On a CPU, inference calls (no gradient) in bf16 or fp32 run one C++ pass per row
+(``gated_rms_norm.cpp`` in the package's CPU extension, ``cpu_extension.py``): written in PyTorch the
+formula is about ten passes over the ``[tokens, heads, value dim]`` activations, and vLLM's own
+``RMSNormGated`` runs exactly those passes on a CPU unless ``torch.compile`` fuses them (its eager mode,
+``enforce_eager``). Its speed: ``benchmarks/bench_vllm_gdn_cpu.py``, ``docs/benchmarks.md``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .cpu_extension import cpu_kernels
+
+
+def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x * rsqrt(mean(x^2) + eps) * weight * silu(gate)`` over the last dimension, in x's dtype."""
+    kernel = cpu_kernels() if _fits_the_kernel(x, gate, weight) else None
+    if kernel is not None:
+        return kernel.gated_rms_norm(x.contiguous(), gate.contiguous(), weight.float().contiguous(), eps)
+    return gated_rms_norm_reference(x, gate, weight, eps)
+
+
+def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The formula in PyTorch: the differentiable path, and the reference the C++ pass must equal."""
+    compute_dtype = torch.promote_types(x.dtype, torch.float32)
+    hidden = x.to(compute_dtype)
+    hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + eps)
+    hidden = weight.to(compute_dtype) * hidden * F.silu(gate.to(compute_dtype))
+    return hidden.to(x.dtype)
+
+
+def _fits_the_kernel(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor) -> bool:
+    """CPU, bf16 or fp32, one dtype for x and gate, and nothing that needs a gradient."""
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or gate.requires_grad or weight.requires_grad)
+    return (
+        x.device.type == "cpu"
+        and x.dtype in (torch.bfloat16, torch.float32)
+        and gate.dtype == x.dtype
+        and x.shape == gate.shape
+        and not needs_grad
+    )
