@@ -1,15 +1,24 @@
-"""Online serving with vLLM's own client: ``vllm bench serve`` against ``vllm serve``, Zebra against dense Qwen3.
+"""Online serving at long prompts: ``vllm bench serve`` against ``vllm serve``, Zebra against the dense Qwen3 it replaces.
 
-Two checkpoints with random weights and the same tokenizer (the offline test tokenizer): the ~100M Zebra
-with the released head shapes from ``bench_serving.py``, and a dense Qwen3 of the same size (vLLM's own
-``Qwen3ForCausalLM``): the same width, depth and attention heads (Qwen3-1.7B's 16/8 of 128), its MLP
-widened until the parameter counts match (Zebra's GDN and MLA projections are wider than Qwen3's attention). Each is served by ``vllm serve`` on 127.0.0.1
-(a free port, the same engine options for both) and measured by ``vllm bench serve`` with its ``random``
-dataset (fixed-length prompts, ``--ignore-eos`` so every request emits ``--output-len`` tokens) at each
-``--concurrency``; the server is stopped by its process group before the next one starts. Prints one table:
-request and token throughput, TTFT, TPOT and inter-token latency percentiles, and the Zebra / Qwen3 ratios.
+Two checkpoints with random weights and the same tokenizer (the offline test tokenizer): a ~67M Zebra with the
+released head shapes (MLA q/k 64+64, v 128, latent 256, 16/8 heads; GDN 6 heads, key 256, value 512) and the
+released 1:3 MLA:GDN plan over 8 layers, and a dense Qwen3 of the same parameter count (vLLM's own
+``Qwen3ForCausalLM``): the same width, depth and attention heads (16/8 of 128), its MLP widened until the counts
+match. Both take positions up to 64k. Each is served by ``vllm serve`` on 127.0.0.1 (a free port, the same engine
+options for both: vLLM's defaults but the dtype and ``--max-model-len``), once eager and, at ``--compile-lengths``,
+once compiled (vLLM's default mode), and measured by ``vllm bench serve`` with its ``random`` dataset: ``--num-prompts``
+prompts of each length at once (``--ignore-eos``, so every request emits ``--output-len`` tokens), ``--repeats``
+times, each time with another seed (no prompt shares a prefix with an earlier one, so prefix caching never hits).
 
-    .venv-vllm/bin/python benchmarks/bench_serve_online.py [--num-prompts 32] [--concurrency 2 16]
+Prints one table: per length and mode, Zebra's and Qwen3's output tok/s, TTFT p50 and ITL p50 (the median over the
+repeats, with the range), the measured Zebra/Qwen3 output tok/s ratio and the FLOP ratio (Qwen3's FLOPs over
+Zebra's per request, ``llamafactory_zebra.planning.flops``) beside it, and their quotient: how efficiently the
+hybrid's layers run against vLLM's dense path.
+
+    OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/bench_serve_online.py \
+        [--lengths 256 2048 8192 16384] [--compile-lengths 2048 16384] [--repeats 2]
+
+Long prompts need cache space: ``VLLM_CPU_KVCACHE_SPACE`` defaults to 6 GiB here (4 dense 16k requests hold 2 GiB).
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,14 +36,23 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_serving import MODEL_OVERRIDES, build_checkpoint  # noqa: E402
+from bench_serving import build_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM = Path(sys.executable).parent / "vllm"
 METRICS = "ttft,tpot,itl,e2el"
 PERCENTILES = "50,90,99"
+MAX_POSITIONS = 65536
+# The released head shapes at 512 wide and 8 deep, MLA where the released 28-layer plan has it (every fourth
+# layer from the second): ~67M parameters.
+LONG_CONTEXT_ZEBRA = {
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 8,
+    "layer_types": ["gdn", "mla", "gdn", "gdn", "gdn", "mla", "gdn", "gdn"],
+    "max_position_embeddings": MAX_POSITIONS,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0},
+}
 
 
 def build_dense_qwen3(output: Path, zebra_dir: Path, dtype: str, parameters: int) -> int:
@@ -68,13 +87,37 @@ def qwen3_config(zebra, intermediate_size: int):
         num_attention_heads=zebra.num_attention_heads,
         num_key_value_heads=zebra.num_key_value_heads,
         head_dim=128,
-        max_position_embeddings=MODEL_OVERRIDES["max_position_embeddings"],
-        rope_parameters=MODEL_OVERRIDES["rope_parameters"],
+        max_position_embeddings=zebra.max_position_embeddings,
+        rope_parameters=zebra.rope_parameters,
         tie_word_embeddings=False,
         eos_token_id=zebra.eos_token_id,
         pad_token_id=zebra.pad_token_id,
         bos_token_id=None,
     )
+
+
+def build_pair(work: Path, dtype: str) -> dict[str, Path]:
+    """The Zebra and its dense twin under ``work``; returns their directories by name."""
+    zebra_dir, qwen3_dir = work / "zebra", work / "qwen3"
+    parameters = build_checkpoint(zebra_dir, dtype, LONG_CONTEXT_ZEBRA)["parameters"]
+    build_dense_qwen3(qwen3_dir, zebra_dir, dtype, parameters)
+    return {"zebra": zebra_dir, "qwen3": qwen3_dir}
+
+
+def flop_ratio(models: dict[str, Path], prompt_tokens: int, output_tokens: int) -> float:
+    """Qwen3's FLOPs over Zebra's for one request (``planning/flops.py``), from the models built on meta."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import llamafactory_zebra  # noqa: F401  (registers model_type zebra)
+    from llamafactory_zebra.planning.flops import flop_shape
+
+    flops = {}
+    for name, path in models.items():
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+        flops[name] = flop_shape(model).request(prompt_tokens, output_tokens)
+    return flops["qwen3"] / flops["zebra"]
 
 
 def free_port() -> int:
@@ -107,96 +150,117 @@ def stop(server: subprocess.Popen) -> None:
             server.wait()
 
 
-def serve_and_bench(name: str, model_dir: Path, args: argparse.Namespace, work: Path) -> dict[int, dict]:
+def serve_and_bench(name: str, model_dir: Path, lengths: list[int], compiled: bool, args, work: Path) -> dict:
+    """Start ``vllm serve``, run ``vllm bench serve`` ``args.repeats`` times per length; results by length."""
     port = free_port()
+    mode = "compiled" if compiled else "eager"
     command = [str(VLLM), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--dtype", args.dtype, "--max-model-len", str(args.input_len + args.output_len + 64)]
-    command += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
-    command += ["--max-num-seqs", str(max(args.concurrency)), "--served-model-name", name]
-    if not args.compile:
+    command += ["--dtype", args.dtype, "--max-model-len", str(max(lengths) + args.output_len + 64)]
+    command += ["--served-model-name", name]
+    if not compiled:
         command.append("--enforce-eager")
-    log = (work / f"{name}-server.log").open("w")
-    print(f"[{name}] {' '.join(command)}", flush=True)
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=work)
-    results = {}
-    try:
-        wait_healthy(port, server, args.start_timeout)
-        for concurrency in args.concurrency:
-            filename = f"{name}-c{concurrency}.json"
-            client = [str(VLLM), "bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}"]
-            client += ["--model", name, "--tokenizer", str(model_dir), "--dataset-name", "random"]
-            client += ["--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len)]
-            client += ["--num-prompts", str(args.num_prompts), "--max-concurrency", str(concurrency)]
-            client += ["--request-rate", "inf", "--ignore-eos", "--seed", "0", "--disable-tqdm"]
-            client += ["--percentile-metrics", METRICS, "--metric-percentiles", PERCENTILES]
-            client += ["--save-result", "--result-dir", str(work), "--result-filename", filename]
-            print(f"[{name}] {' '.join(client)}", flush=True)
-            subprocess.run(client, check=True, timeout=args.client_timeout, cwd=work)
-            results[concurrency] = json.loads((work / filename).read_text())
-    except Exception:
-        log.flush()
-        print((work / f"{name}-server.log").read_text()[-4000:], file=sys.stderr)
-        raise
-    finally:
-        stop(server)
-        log.close()
+    log_path = work / f"{name}-{mode}-server.log"
+    print(f"[{name} {mode}] {' '.join(command)}", flush=True)
+    with log_path.open("w") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=work)
+        results: dict[int, list[dict]] = {}
+        try:
+            wait_healthy(port, server, args.start_timeout)
+            for length in lengths:
+                for repeat in range(args.repeats):
+                    results.setdefault(length, []).append(
+                        bench_once(name, model_dir, port, length, repeat, args, work)
+                    )
+                    r = results[length][-1]
+                    print(
+                        f"[{name} {mode}] {length} tokens, run {repeat + 1}: {r['output_throughput']:.2f} output tok/s, "
+                        f"TTFT p50 {r['p50_ttft_ms']:.0f} ms, ITL p50 {r['p50_itl_ms']:.1f} ms",
+                        flush=True,
+                    )
+        except Exception:
+            print(log_path.read_text()[-4000:], file=sys.stderr)
+            raise
+        finally:
+            stop(server)
     return results
+
+
+def bench_once(name: str, model_dir: Path, port: int, length: int, repeat: int, args, work: Path) -> dict:
+    filename = f"{name}-{length}-{repeat}.json"
+    client = [str(VLLM), "bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}"]
+    client += ["--model", name, "--tokenizer", str(model_dir), "--dataset-name", "random"]
+    client += ["--random-input-len", str(length), "--random-output-len", str(args.output_len)]
+    client += ["--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.num_prompts)]
+    # A seed per (length, repeat): no prompt repeats or extends an earlier one, so the prefix cache never hits.
+    client += ["--request-rate", "inf", "--ignore-eos", "--seed", str(1000 * repeat + length), "--disable-tqdm"]
+    client += ["--percentile-metrics", METRICS, "--metric-percentiles", PERCENTILES]
+    client += ["--save-result", "--result-dir", str(work), "--result-filename", filename]
+    subprocess.run(client, check=True, timeout=args.client_timeout, cwd=work, stdout=subprocess.DEVNULL)
+    result = json.loads((work / filename).read_text())
+    if result["completed"] != args.num_prompts:
+        raise RuntimeError(f"{name} at {length} tokens: {result['completed']} of {args.num_prompts} requests done")
+    return result
+
+
+def spread(values: list[float], digits: int) -> str:
+    """The median, and the range when there is more than one run."""
+    median = f"{statistics.median(values):.{digits}f}"
+    return median if len(values) == 1 else f"{median} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-prompts", type=int, default=32)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[2, 16])
-    parser.add_argument("--input-len", type=int, default=256)
-    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 2048, 8192, 16384])
+    parser.add_argument("--compile-lengths", type=int, nargs="*", default=[2048, 16384])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--num-prompts", type=int, default=4, help="prompts per run, all sent at once")
+    parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="as bench_serving.py (CPU: 512)")
-    parser.add_argument("--compile", action="store_true", help="vLLM's torch.compile (about 30 s more per server)")
-    parser.add_argument("--start-timeout", type=float, default=600, help="seconds to wait for /health")
-    parser.add_argument("--client-timeout", type=float, default=900, help="seconds per vllm bench serve run")
+    parser.add_argument("--models", nargs="+", choices=["zebra", "qwen3"], default=["zebra", "qwen3"])
+    parser.add_argument("--start-timeout", type=float, default=900, help="seconds to wait for /health")
+    parser.add_argument("--client-timeout", type=float, default=3600, help="seconds per vllm bench serve run")
     args = parser.parse_args()
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "6")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
+    modes = [(False, args.lengths)] + ([(True, args.compile_lengths)] if args.compile_lengths else [])
     with tempfile.TemporaryDirectory(prefix="bench_serve_online_") as tmp:
         work = Path(tmp)
-        zebra_dir, qwen3_dir = work / "zebra-100m", work / "qwen3-dense"
-        sizes = {"zebra": build_checkpoint(zebra_dir, args.dtype)["parameters"]}
-        sizes["qwen3"] = build_dense_qwen3(qwen3_dir, zebra_dir, args.dtype, sizes["zebra"])
+        models = build_pair(work, args.dtype)
+        ratios = {length: flop_ratio(models, length, args.output_len) for length in args.lengths}
         results = {
-            name: serve_and_bench(name, path, args, work)
-            for name, path in (("zebra", zebra_dir), ("qwen3", qwen3_dir))
+            (name, compiled): serve_and_bench(name, models[name], lengths, compiled, args, work)
+            for compiled, lengths in modes
+            for name in args.models
         }
 
     print(
-        f"\nvllm bench serve, random dataset: {args.num_prompts} prompts x {args.input_len} tokens in, "
-        f"{args.output_len} out (ignore EOS), request rate inf; {args.dtype}, max_num_batched_tokens "
-        f"{args.max_num_batched_tokens}, {'compiled' if args.compile else 'eager'}; {os.cpu_count()} CPUs; "
-        f"Zebra {sizes['zebra'] / 1e6:.1f}M, Qwen3 {sizes['qwen3'] / 1e6:.1f}M parameters"
+        f"\nvllm bench serve, random dataset: {args.num_prompts} prompts at once, {args.output_len} tokens out "
+        f"(ignore EOS), {args.repeats} runs per point (median, range); {args.dtype}; {os.cpu_count()} CPUs; "
+        "Zebra 1:3 MLA:GDN vs dense Qwen3 of the same parameter count"
     )
     print(
-        "| model | concurrency | req/s | output tok/s | total tok/s | TTFT p50 / p90 / p99 ms "
-        "| TPOT p50 ms | ITL p50 / p90 / p99 ms |"
+        "| prompt tokens | mode | Zebra output tok/s | Qwen3 output tok/s | Zebra/Qwen3 | FLOP ratio | efficiency "
+        "| TTFT p50 s Zebra / Qwen3 | ITL p50 ms Zebra / Qwen3 |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name, label in (("zebra", "Zebra (this plugin)"), ("qwen3", "Qwen3 dense (vLLM's own)")):
-        for concurrency, r in results[name].items():
-            if r["completed"] != args.num_prompts:
-                raise RuntimeError(f"{name} at concurrency {concurrency}: {r['completed']} of {args.num_prompts} done")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for compiled, lengths in modes:
+        for length in lengths:
+            zebra, qwen3 = results.get(("zebra", compiled), {}), results.get(("qwen3", compiled), {})
+            if length not in zebra or length not in qwen3:
+                continue
+            z_tps = [r["output_throughput"] for r in zebra[length]]
+            q_tps = [r["output_throughput"] for r in qwen3[length]]
+            ratio = [z / q for z, q in zip(z_tps, q_tps, strict=True)]
+            ttft = [r["p50_ttft_ms"] / 1000 for r in zebra[length]], [r["p50_ttft_ms"] / 1000 for r in qwen3[length]]
+            itl = [r["p50_itl_ms"] for r in zebra[length]], [r["p50_itl_ms"] for r in qwen3[length]]
             print(
-                f"| {label} | {concurrency} | {r['request_throughput']:.2f} | {r['output_throughput']:.1f} "
-                f"| {r['total_token_throughput']:.0f} | {r['p50_ttft_ms']:.0f} / {r['p90_ttft_ms']:.0f} / "
-                f"{r['p99_ttft_ms']:.0f} | {r['p50_tpot_ms']:.0f} | {r['p50_itl_ms']:.0f} / {r['p90_itl_ms']:.0f} / "
-                f"{r['p99_itl_ms']:.0f} |"
+                f"| {length} | {'compiled' if compiled else 'eager'} | {spread(z_tps, 2)} | {spread(q_tps, 2)} "
+                f"| {spread(ratio, 2)}x | {ratios[length]:.2f}x | {statistics.median(ratio) / ratios[length]:.2f} "
+                f"| {spread(ttft[0], 1)} / {spread(ttft[1], 1)} | {spread(itl[0], 1)} / {spread(itl[1], 1)} |"
             )
-    for concurrency in args.concurrency:
-        zebra, qwen3 = results["zebra"][concurrency], results["qwen3"][concurrency]
-        print(
-            f"concurrency {concurrency}: Zebra / Qwen3 output tok/s {zebra['output_throughput'] / qwen3['output_throughput']:.2f}x, "
-            f"TTFT p50 {zebra['p50_ttft_ms'] / qwen3['p50_ttft_ms']:.2f}x, ITL p50 {zebra['p50_itl_ms'] / qwen3['p50_itl_ms']:.2f}x"
-        )
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ MODEL_OVERRIDES = {
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
 
 
-def build_checkpoint(output: Path, dtype: str) -> dict:
+def build_checkpoint(output: Path, dtype: str, overrides: dict | None = None) -> dict:
+    """A random Zebra with the released head shapes and ``overrides`` (default: this benchmark's ~100M model)."""
     import torch
 
     from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
@@ -58,7 +59,7 @@ def build_checkpoint(output: Path, dtype: str) -> dict:
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=eos,
         bos_token_id=None,
-        **MODEL_OVERRIDES,
+        **(MODEL_OVERRIDES if overrides is None else overrides),
     )
     torch.manual_seed(0)
     model = ZebraForCausalLM(config).to(getattr(torch, dtype))
