@@ -2,18 +2,17 @@
 
 1. Decode step, batch N: ``ops.fused_recurrent_gated_delta_rule_in_slots`` (each fp32 SSM slot stepped in
    place) with its C++ step (``ops/gated_delta_rule/cpu_step.py``, the default where it builds) and with
-   its PyTorch step (``ZEBRA_GDN_CPU_STEP=torch``), against the gather → ``fused_recurrent_gated_delta_rule_torch``
+   its PyTorch step (``ZEBRA_CPU_KERNELS=torch``), against the gather → ``fused_recurrent_gated_delta_rule_torch``
    → scatter path the layer used before, on a cache of N + 16 slots with the requests in random slots.
 2. Prefill conv over 4096 tokens (16 requests of 256): vLLM's C++ ``causal_conv1d_fwd_cpu`` (bf16, on the
    slots) against this project's PyTorch ``causal_conv1d`` (gathered states), with their largest difference.
-3. Prefill chunked GDN over 512 tokens (one 512-token vLLM step: 2 requests of 256), bf16 inputs:
-   ``chunk_gated_delta_rule_torch`` with bf16 GEMM operands (``matmul_dtype``, what the layer runs for
-   bf16 serving on CPUs with bf16 dot products) against the exact fp32 path, each with its mean and
-   largest difference from the fp64 run on the same (bf16-rounded) inputs.
-4. Prefill on state slots, 512 tokens (2 requests of 256, both continuing a state), bf16 inputs:
-   ``ops.chunk_gated_delta_rule_in_slots`` (the op the layer calls since the GDN math moved to ``ops/``)
-   against the layer's former inline code (gather the slots, zero the fresh ones, the chunked op with
-   bf16 GEMM operands, scatter the final states), with their largest difference: the move's cost.
+3. Prefill chunked GDN (one 512-token vLLM step of 2 requests of 256, and one 2048-token request), bf16
+   inputs: the layer's prompt op (``ops/gated_delta_rule/chunk_prefill.py``) with bf16 GEMM operands (what
+   the layer runs for bf16 serving on CPUs with bf16 dot products) against its exact fp32 path, each with
+   its mean and largest difference from the fp64 run on the same (bf16-rounded) inputs.
+4. The gated RMSNorm that closes the layer, bf16, over 2048 tokens of 6 heads x 512 values: the package's
+   one-pass C++ op (``ops.gated_rms_norm``, what the layer runs eagerly on a CPU) against vLLM's
+   ``RMSNormGated`` in PyTorch (what ran before), with their largest difference.
 
 One thread (vLLM's CPU worker computes on one). Run it in the vLLM venv (``scripts/vllm_env.sh``):
 
@@ -29,16 +28,15 @@ import time
 
 import torch
 
-from llamafactory_zebra.kernels.switches import CPU_STEP_ENV_VAR
+from llamafactory_zebra.kernels.switches import CPU_KERNELS_ENV_VAR
 from llamafactory_zebra.ops import (
     causal_conv1d,
-    chunk_gated_delta_rule_in_slots,
-    chunk_gated_delta_rule_torch,
-    cpu_has_bf16_dot_products,
-    cpu_step_kernel,
+    cpu_kernels,
     fused_recurrent_gated_delta_rule_in_slots,
     fused_recurrent_gated_delta_rule_torch,
+    gated_rms_norm,
 )
+from llamafactory_zebra.ops.gated_delta_rule.chunk_prefill import chunk_gated_delta_rule_prefill
 
 HEADS, KEY, VALUE, WIDTH = 6, 256, 512, 4  # the released GDN layer: 6 heads, key 256, value 512, conv 4
 
@@ -65,12 +63,12 @@ def gather_step(q, k, v, g, beta, cache, slots):
 
 @contextlib.contextmanager
 def torch_step():
-    """The decode op's PyTorch step instead of its C++ one (``ZEBRA_GDN_CPU_STEP=torch``)."""
-    os.environ[CPU_STEP_ENV_VAR] = "torch"
+    """The decode op's PyTorch step instead of its C++ one (``ZEBRA_CPU_KERNELS=torch``)."""
+    os.environ[CPU_KERNELS_ENV_VAR] = "torch"
     try:
         yield
     finally:
-        del os.environ[CPU_STEP_ENV_VAR]
+        del os.environ[CPU_KERNELS_ENV_VAR]
 
 
 def decode_rows(batches: list[int], repeats: int) -> list[str]:
@@ -157,15 +155,15 @@ def prompt_chunk(requests: int, tokens: int) -> tuple[torch.Generator, tuple[tor
     return generator, (q, k, v, g, beta), torch.arange(0, tokens + 1, tokens // requests)
 
 
-def chunk_row(repeats: int) -> str:
-    requests, tokens = 2, 512
-    _, (q, k, v, g, beta), starts = prompt_chunk(requests, tokens)
+def chunk_row(requests: int, tokens: int, repeats: int) -> str:
+    generator, (q, k, v, g, beta), starts = prompt_chunk(requests, tokens)
+    slots, fresh = torch.arange(requests), torch.zeros(requests, dtype=torch.bool)
 
     def run(matmul_dtype=None, inputs=(q, k, v, g, beta)):
-        return chunk_gated_delta_rule_torch(
-            *inputs, output_final_state=True, cu_seqlens=starts, use_qk_l2norm_in_kernel=True,
-            matmul_dtype=matmul_dtype,
-        )[0]  # fmt: skip
+        cache = torch.zeros(requests, HEADS, VALUE, KEY).transpose(-1, -2)  # vLLM's [slots, H, V, K]
+        return chunk_gated_delta_rule_prefill(
+            *inputs, cache, slots, starts, fresh, use_qk_l2norm_in_kernel=True, matmul_dtype=matmul_dtype
+        )
 
     exact = run(inputs=tuple(t.double() for t in (q, k, v, g, beta)))
     errors = []
@@ -173,41 +171,26 @@ def chunk_row(repeats: int) -> str:
         difference = (run(matmul_dtype).double() - exact).abs()
         errors.append(f"{difference.mean().item():.1e} / {difference.max().item():.1e}")
     old, new = best_ms(run, repeats), best_ms(lambda: run(torch.bfloat16), repeats)
-    return f"| {tokens} tokens, {requests} requests | {old:.1f} | {new:.1f} | {old / new:.1f}x | {errors[0]} | {errors[1]} |"
-
-
-def slots_row(repeats: int) -> str:
-    requests, tokens = 2, 512
-    generator, (q, k, v, g, beta), starts = prompt_chunk(requests, tokens)
-    storage = torch.randn(requests + 6, HEADS, VALUE, KEY, generator=generator) * 0.01  # vLLM's [slots, H, V, K]
-    slots = torch.tensor([5, 2])
-    fresh = torch.zeros(requests, dtype=torch.bool)
-    matmul_dtype = torch.bfloat16 if cpu_has_bf16_dot_products() else None
-
-    def inline(cache):
-        """The layer's ``_prefill`` before the move (its SSM part)."""
-        ssm_state = cache[slots].float()
-        ssm_state[fresh] = 0
-        output, final = chunk_gated_delta_rule_torch(
-            q, k, v, g=g, beta=beta, initial_state=ssm_state, output_final_state=True, cu_seqlens=starts,
-            use_qk_l2norm_in_kernel=True, matmul_dtype=matmul_dtype,
-        )  # fmt: skip
-        cache[slots] = final.to(cache.dtype)
-        return output
-
-    def op(cache):
-        return chunk_gated_delta_rule_in_slots(
-            q, k, v, g, beta, cache, slots, starts, ~fresh, use_qk_l2norm_in_kernel=True
-        )
-
-    caches = [storage.clone().transpose(-1, -2) for _ in range(2)]
-    error = max(
-        (inline(caches[0]).float() - op(caches[1]).float()).abs().max().item(),
-        (caches[0] - caches[1]).abs().max().item(),
+    return (
+        f"| {tokens} tokens, {requests} request(s) | {old:.1f} | {new:.1f} | {old / new:.1f}x | {errors[0]} "
+        f"| {errors[1]} |"
     )
-    old = best_ms(lambda: inline(storage.clone().transpose(-1, -2)), repeats)
-    new = best_ms(lambda: op(storage.clone().transpose(-1, -2)), repeats)
-    return f"| {tokens} tokens, {requests} requests | {old:.1f} | {new:.1f} | {old / new:.2f}x | {error:.1e} |"
+
+
+def norm_row(repeats: int) -> str:
+    from vllm.model_executor.layers.layernorm import RMSNormGated
+
+    tokens, eps = 2048, 1e-6
+    generator = torch.Generator().manual_seed(0)
+    x, gate = (torch.randn(tokens, HEADS, VALUE, generator=generator).bfloat16() for _ in range(2))
+    weight = 1 + 0.1 * torch.randn(VALUE, generator=generator)
+
+    def vllm_norm():
+        return RMSNormGated.forward_static(x, gate, weight, eps, x.dtype)
+
+    error = (vllm_norm().float() - gated_rms_norm(x, gate, weight, eps).float()).abs().max().item()
+    old, new = best_ms(vllm_norm, repeats), best_ms(lambda: gated_rms_norm(x, gate, weight, eps), repeats)
+    return f"| {tokens} tokens x {HEADS} heads x {VALUE} | {old:.1f} | {new:.1f} | {old / new:.1f}x | {error:.1e} |"
 
 
 def main() -> None:
@@ -216,7 +199,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    built = "built" if cpu_step_kernel() is not None else "NOT built: the C++ column is the PyTorch step"
+    built = "built" if cpu_kernels() is not None else "NOT built: the C++ columns are the PyTorch paths"
     print(f"GDN decode step, one layer ({HEADS} heads, key {KEY}, value {VALUE}, fp32 state; bf16 activations)")
     print(f"C++ step: {built}")
     print(
@@ -236,11 +219,12 @@ def main() -> None:
         "| bf16 GEMM operands: mean / max abs error |"
     )
     print("|---|---:|---:|---:|---:|---:|")
-    print(chunk_row(args.repeats))
-    print("\nPrefill on state slots, one layer (bf16 inputs, fp32 state; both include one copy of the cache)")
-    print("| input | former inline code ms | chunk_gated_delta_rule_in_slots ms | ratio | max abs difference |")
+    print(chunk_row(2, 512, args.repeats))
+    print(chunk_row(1, 2048, args.repeats))
+    print("\nGated RMSNorm closing the layer, bf16")
+    print("| input | vLLM RMSNormGated (PyTorch) ms | ops.gated_rms_norm (C++) ms | speed-up | max abs difference |")
     print("|---|---:|---:|---:|---:|")
-    print(slots_row(args.repeats))
+    print(norm_row(args.repeats))
 
 
 if __name__ == "__main__":
