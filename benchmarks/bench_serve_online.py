@@ -13,7 +13,9 @@ times, each time with another seed (no prompt shares a prefix with an earlier on
 Prints one table: per length and mode, Zebra's and Qwen3's output tok/s, TTFT p50 and ITL p50 (the median over the
 repeats, with the range), the measured Zebra/Qwen3 output tok/s ratio and the FLOP ratio (Qwen3's FLOPs over
 Zebra's per request, ``llamafactory_zebra.planning.flops``) beside it, and their quotient: how efficiently the
-hybrid's layers run against vLLM's dense path.
+hybrid's layers run against vLLM's dense path. Then the capacity at ``--capacity-len`` tokens: each model's server
+started once more with that ``--max-model-len`` in the same ``VLLM_CPU_KVCACHE_SPACE``, and the cache size and the
+maximum concurrency vLLM reports at start-up.
 
     OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/bench_serve_online.py \
         [--lengths 256 2048 8192 16384] [--compile-lengths 2048 16384] [--repeats 2]
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -185,6 +188,29 @@ def serve_and_bench(name: str, model_dir: Path, lengths: list[int], compiled: bo
     return results
 
 
+CAPACITY_LINE = re.compile(
+    r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x"
+)
+
+
+def capacity(name: str, model_dir: Path, tokens: int, args, work: Path) -> tuple[int, float]:
+    """The cache size (tokens) and maximum concurrency vLLM reports for ``tokens``-token requests."""
+    port = free_port()
+    command = [str(VLLM), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--enforce-eager"]
+    command += ["--dtype", args.dtype, "--max-model-len", str(tokens), "--served-model-name", name]
+    log_path = work / f"{name}-capacity-server.log"
+    with log_path.open("w") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=work)
+        try:
+            wait_healthy(port, server, args.start_timeout)
+        finally:
+            stop(server)
+    found = CAPACITY_LINE.search(log_path.read_text())
+    if found is None:
+        raise RuntimeError(f"{name}: vLLM printed no KV cache capacity line; see {log_path}")
+    return int(found[1].replace(",", "")), float(found[3])
+
+
 def bench_once(name: str, model_dir: Path, port: int, length: int, repeat: int, args, work: Path) -> dict:
     filename = f"{name}-{length}-{repeat}.json"
     client = [str(VLLM), "bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}"]
@@ -210,13 +236,14 @@ def spread(values: list[float], digits: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 2048, 8192, 16384])
+    parser.add_argument("--lengths", type=int, nargs="*", default=[256, 2048, 8192, 16384])
     parser.add_argument("--compile-lengths", type=int, nargs="*", default=[2048, 16384])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--num-prompts", type=int, default=4, help="prompts per run, all sent at once")
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     parser.add_argument("--models", nargs="+", choices=["zebra", "qwen3"], default=["zebra", "qwen3"])
+    parser.add_argument("--capacity-len", type=int, default=32768, help="0 skips the capacity row")
     parser.add_argument("--start-timeout", type=float, default=900, help="seconds to wait for /health")
     parser.add_argument("--client-timeout", type=float, default=3600, help="seconds per vllm bench serve run")
     args = parser.parse_args()
@@ -225,15 +252,21 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
-    modes = [(False, args.lengths)] + ([(True, args.compile_lengths)] if args.compile_lengths else [])
+    modes = [(False, args.lengths), (True, args.compile_lengths)]
     with tempfile.TemporaryDirectory(prefix="bench_serve_online_") as tmp:
         work = Path(tmp)
         models = build_pair(work, args.dtype)
-        ratios = {length: flop_ratio(models, length, args.output_len) for length in args.lengths}
+        every_length = sorted(set(args.lengths) | set(args.compile_lengths))
+        ratios = {length: flop_ratio(models, length, args.output_len) for length in every_length}
         results = {
             (name, compiled): serve_and_bench(name, models[name], lengths, compiled, args, work)
             for compiled, lengths in modes
             for name in args.models
+            if lengths
+        }
+        capacities = {
+            name: capacity(name, models[name], args.capacity_len, args, work)
+            for name in (args.models if args.capacity_len else [])
         }
 
     print(
@@ -261,6 +294,16 @@ def main() -> None:
                 f"| {spread(ratio, 2)}x | {ratios[length]:.2f}x | {statistics.median(ratio) / ratios[length]:.2f} "
                 f"| {spread(ttft[0], 1)} / {spread(ttft[1], 1)} | {spread(itl[0], 1)} / {spread(itl[1], 1)} |"
             )
+
+    if capacities:
+        space = os.environ["VLLM_CPU_KVCACHE_SPACE"]
+        print(
+            f"\nCapacity at {args.capacity_len} tokens per request, VLLM_CPU_KVCACHE_SPACE={space} GiB ({args.dtype})"
+        )
+        print("| model | cache size, tokens | maximum concurrency |")
+        print("|---|---:|---:|")
+        for name, (tokens, concurrency) in capacities.items():
+            print(f"| {name} | {tokens:,} | {concurrency:.2f}x |")
 
 
 if __name__ == "__main__":
