@@ -81,7 +81,7 @@ def kernel_calls(monkeypatch):
         ("fp32 state, rows of V contiguous", True),
         ("bf16 activations on an fp32 state", True),
         ("transposed state view", False),
-        ("bf16 state", False),
+        ("bf16 state", True),
         ("fp64 inputs and state", False),
         ("ZEBRA_CPU_KERNELS=torch", False),
     ],
@@ -107,6 +107,25 @@ def test_the_op_takes_the_kernel_only_where_it_fits(case, uses_kernel, kernel_ca
     tolerance = 2e-2 if torch.bfloat16 in (q.dtype, cache.dtype) else 1e-5
     torch.testing.assert_close(o.double(), expected_o, rtol=tolerance, atol=tolerance)
     torch.testing.assert_close(cache[[2, 0, 3]].double(), expected_states, rtol=tolerance, atol=tolerance)
+
+
+def test_a_bf16_state_is_stepped_as_the_pytorch_step_steps_it(monkeypatch):
+    """A bf16 cache (``--mamba-ssm-cache-dtype bfloat16``): the kernel computes in fp32 and rounds each state
+    once, as the PyTorch step does; both leave the other slots alone."""
+    q, k, v, g, beta = inputs(4, 3, 16, 24)
+    cache = (torch.randn(7, 3, 16, 24, generator=torch.Generator().manual_seed(2)) * 0.3).bfloat16()
+    slots = torch.tensor([5, 1, 2, 6])
+    results = []
+    for choice in ("auto", "torch"):
+        monkeypatch.setenv(CPU_KERNELS_ENV_VAR, choice)
+        stepped = cache.clone()
+        o = fused_recurrent_gated_delta_rule_in_slots(q, k, v, g, beta, stepped, slots, use_qk_l2norm_in_kernel=True)
+        results.append((o, stepped))
+    (o_kernel, kernel_cache), (o_torch, torch_cache) = results
+    torch.testing.assert_close(o_kernel, o_torch, rtol=1e-5, atol=1e-5)
+    one_step = kernel_cache[slots].float().abs().clamp(min=2**-126) * 2**-7
+    assert ((kernel_cache[slots].float() - torch_cache[slots].float()).abs() <= one_step).all()
+    assert torch.equal(kernel_cache[[0, 3, 4]], cache[[0, 3, 4]])
 
 
 def test_an_unknown_switch_value_is_refused(monkeypatch):

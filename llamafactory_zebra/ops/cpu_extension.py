@@ -24,15 +24,16 @@ from ..kernels.switches import CPU_KERNELS_ENV_VAR, cpu_kernels_choice
 
 logger = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-# The bindings first; each further file holds one kernel.
+# The bindings first; each further file holds one kernel. HEADERS are what the kernels share.
 SOURCES = (HERE / "cpu_extension.cpp", HERE / "gated_delta_rule" / "cpu_step.cpp", HERE / "gated_rms_norm.cpp")
+HEADERS = (HERE / "cpu_values.h",)
 
 
 def _build_name() -> str:
     """A name per CPU model and flags, torch, Python and the sources: the build is native code for one of each."""
     lines = Path("/proc/cpuinfo").read_text().splitlines()
     cpu = "".join(line for line in lines[:30] if line.startswith(("model name", "flags", "Features")))
-    code = "".join(source.read_text() for source in SOURCES)
+    code = "".join(source.read_text() for source in (*SOURCES, *HEADERS))
     key = f"{platform.machine()}|{cpu}|{torch.__version__}|{sys.version_info[:2]}|{code}"
     return f"zebra_cpu_kernels_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 

@@ -29,18 +29,19 @@ def cpu_step_in_slots(
     """Advance ``state[state_indices[i]]`` by token i in place and return ``o`` ``[N, H, V]`` (fp32).
 
     ``kernel`` is the built extension (``cpu_kernels()``). q, k ``[N, H, K]`` (normalised, q scaled),
-    v ``[N, H, V]``, decay = exp(g) and beta ``[N, H]``, all fp32; ``state`` fp32 ``[slots, H, K, V]`` with
-    rows of V contiguous (:func:`cpu_step_fits`)."""
+    v ``[N, H, V]``, decay = exp(g) and beta ``[N, H]``, all fp32; ``state`` fp32 or bf16 ``[slots, H, K, V]``
+    with rows of V contiguous (:func:`cpu_step_fits`)."""
     return kernel.gated_delta_step_in_slots(
         state, state_indices.to(torch.int64).contiguous(), *(t.contiguous() for t in (q, k, v, decay, beta))
     )
 
 
 def cpu_step_fits(state: torch.Tensor, compute_dtype: torch.dtype) -> bool:
-    """Whether the kernel takes this cache: a CPU fp32 state with rows of V contiguous, computed in fp32."""
+    """Whether the kernel takes this cache: a CPU fp32 or bf16 state (``--mamba-ssm-cache-dtype``) with rows of
+    V contiguous, computed in fp32."""
     return (
         state.device.type == "cpu"
-        and state.dtype == torch.float32
+        and state.dtype in (torch.float32, torch.bfloat16)
         and compute_dtype == torch.float32
         and state.stride(-1) == 1
     )
