@@ -1,9 +1,12 @@
 """The slot-indexed ops (decode step, prompt chunks, conv windows) against fp64 references."""
 
+import importlib
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from llamafactory_zebra.kernels.switches import CPU_KERNELS_ENV_VAR
 from llamafactory_zebra.ops import (
     causal_conv1d_in_slots,
     causal_conv1d_update_in_slots,
@@ -189,6 +192,73 @@ def test_prefill_with_bf16_operands_stays_within_bf16_noise():
         summary = f"{what}: bf16 operands mean {bf16.mean():.2e} max {bf16.max():.2e}; exact mean {exact.mean():.2e} max {exact.max():.2e}"
         assert 0 < exact.mean() and bf16.mean() <= 2 * exact.mean(), summary
         assert bf16.max() <= 3 * exact.max(), summary
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("lengths", "heads", "key_dim", "value_dim"), [([5, 65, 200, 1, 128], 3, 33, 7), ([64, 3], 2, 256, 512)]
+)
+def test_prefill_cpu_kernel_agrees_with_its_pytorch_path(monkeypatch, lengths, heads, key_dim, value_dim, threads):
+    """The C++ prefill (``cpu_prefill.cpp``) against the prefill op's PyTorch path, fp32 and bf16 inputs, exact
+    and bf16 operands, states continued from scattered slots of a ``[slots, H, V, K]`` cache, other slots
+    untouched; the exact fp32 run also against the fp64 reference."""
+    kernel_module = importlib.import_module("llamafactory_zebra.ops.gated_delta_rule.chunk_prefill")
+    has_initial_state = torch.tensor([i % 2 == 1 for i in range(len(lengths))])
+    inputs, cu_seqlens = packed_inputs(lengths, heads, key_dim, value_dim)
+    storage = 0.3 * cache_of(len(lengths) + 3, heads, key_dim, value_dim, True, torch.float32)
+    slots = torch.randperm(len(lengths) + 3, generator=torch.Generator().manual_seed(4))[: len(lengths)]
+    expected_o, expected_states = reference_segments(inputs, cu_seqlens, storage[slots], has_initial_state)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for dtype, matmul_dtype in ((torch.float32, None), (torch.bfloat16, None), (torch.bfloat16, torch.bfloat16)):
+            runs = {}
+            for path in ("kernel", "pytorch"):
+                if path == "pytorch":
+                    monkeypatch.setattr(kernel_module, "cpu_kernels", lambda: None)
+                cache = storage.clone()
+                o = chunk_gated_delta_rule_prefill(
+                    *(t.to(dtype) for t in inputs), cache, slots, cu_seqlens, has_initial_state,
+                    use_qk_l2norm_in_kernel=True, matmul_dtype=matmul_dtype,
+                )  # fmt: skip
+                runs[path] = (o, cache)
+                monkeypatch.undo()
+            (o_kernel, kernel_cache), (o_torch, torch_cache) = runs["kernel"], runs["pytorch"]
+            assert o_kernel.dtype == dtype
+            tolerance = 1e-5 if matmul_dtype is None and dtype == torch.float32 else 2e-2
+            torch.testing.assert_close(o_kernel.float(), o_torch.float(), rtol=tolerance, atol=tolerance)
+            torch.testing.assert_close(kernel_cache, torch_cache, rtol=tolerance, atol=tolerance)
+            untouched = [i for i in range(storage.shape[0]) if i not in slots.tolist()]
+            assert torch.equal(kernel_cache[untouched], storage[untouched])
+            if dtype == torch.float32:
+                torch.testing.assert_close(o_kernel.double(), expected_o, rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(kernel_cache[slots].double(), expected_states, rtol=1e-4, atol=1e-4)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_prefill_takes_the_cpu_kernel_only_where_it_fits(monkeypatch):
+    """fp32 and bf16 inputs on an fp32 state take the kernel; fp64 inputs, a bf16 state and
+    ``ZEBRA_CPU_KERNELS=torch`` keep the PyTorch path."""
+    kernel_module = importlib.import_module("llamafactory_zebra.ops.gated_delta_rule.chunk_prefill")
+    calls = []
+    real = kernel_module.cpu_kernels
+    monkeypatch.setattr(kernel_module, "cpu_kernels", lambda: calls.append(1) or real())
+    inputs, cu_seqlens = packed_inputs([3, 4], 1, 4, 4)
+    fresh = torch.tensor([False, False])
+    cases = [
+        ("fp32", torch.float32, torch.float32, True),
+        ("bf16", torch.bfloat16, torch.float32, True),
+        ("fp64", torch.float64, torch.float64, False),
+        ("bf16 state", torch.bfloat16, torch.bfloat16, False),
+    ]
+    for name, dtype, state_dtype, uses_kernel in cases:
+        calls.clear()
+        cache = torch.zeros(2, 1, 4, 4, dtype=state_dtype)
+        chunk_gated_delta_rule_prefill(*(t.to(dtype) for t in inputs), cache, torch.tensor([0, 1]), cu_seqlens, fresh)
+        assert bool(calls) == uses_kernel, name
+    monkeypatch.setenv(CPU_KERNELS_ENV_VAR, "torch")
+    assert real() is None
 
 
 def test_prefill_refuses_other_operand_dtypes():

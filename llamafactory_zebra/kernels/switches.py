@@ -45,8 +45,9 @@ def torch_chunk_choice(on_gpu: bool) -> str:
     return choice
 
 
-# The package's C++ CPU kernels for inference (``ops/cpu_extension.py``: serving's GDN decode step, the gated
-# RMSNorm): ``auto`` builds them on first use and runs them where they fit, ``torch`` keeps their PyTorch paths.
+# The package's C++ CPU kernels for inference (``ops/cpu_extension.py``: serving's GDN decode step and prompt
+# chunks, the gated RMSNorm): ``auto`` builds them on first use and runs them where they fit, ``torch`` keeps
+# their PyTorch paths.
 CPU_KERNELS_ENV_VAR = "ZEBRA_CPU_KERNELS"
 CPU_KERNELS_CHOICES = ("auto", "torch")
 

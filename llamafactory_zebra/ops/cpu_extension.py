@@ -1,7 +1,8 @@
 """The package's C++ kernels for CPU inference: one extension, built on first use with PyTorch's builder.
 
 Each kernel's Python module says why it exists (``gated_delta_rule/cpu_step.py``: the GDN decode step on
-state slots; ``gated_rms_norm.py``: the gated RMSNorm that closes a GDN layer). They share one build:
+state slots; ``gated_delta_rule/chunk_prefill.py``: prompt chunks on state slots; ``gated_rms_norm.py``: the
+gated RMSNorm that closes a GDN layer). They share one build:
 ``torch.utils.cpp_extension.load`` compiles ``SOURCES`` for this CPU (``-march=native``; the build directory
 is named after the CPU, torch and Python, so no other machine or venv loads it) and PyTorch caches it. A
 machine without a C++ compiler, or a failed build, keeps every kernel's PyTorch path, with one warning.
@@ -25,7 +26,12 @@ from ..kernels.switches import CPU_KERNELS_ENV_VAR, cpu_kernels_choice
 logger = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 # The bindings first; each further file holds one kernel. HEADERS are what the kernels share.
-SOURCES = (HERE / "cpu_extension.cpp", HERE / "gated_delta_rule" / "cpu_step.cpp", HERE / "gated_rms_norm.cpp")
+SOURCES = (
+    HERE / "cpu_extension.cpp",
+    HERE / "gated_delta_rule" / "cpu_step.cpp",
+    HERE / "gated_delta_rule" / "cpu_prefill.cpp",
+    HERE / "gated_rms_norm.cpp",
+)
 HEADERS = (HERE / "cpu_values.h",)
 
 

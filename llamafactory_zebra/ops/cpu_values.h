@@ -21,6 +21,14 @@ inline void store(at::BFloat16* p, int64_t j, float value) {
   p[j].x = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
+// A value as type T holds it: rounded to bf16 for at::BFloat16, unchanged for float.
+template <typename T>
+inline float rounded(float value) {
+  T held;
+  store(&held, 0, value);
+  return load(&held, 0);
+}
+
 // exp(x) for x <= 88: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by its degree-6 Taylor polynomial (relative
 // error below 2e-7 there), 2^n written into the exponent bits; below -87 the result is 0. n is rounded by
 // adding and subtracting 1.5 * 2^23 (exact for |n| < 2^22), which vectorises where nearbyint does not.

@@ -10,16 +10,23 @@ have no bf16-in/fp32-out form, so each bf16 product is rounded to bf16 once more
 accumulator in fp32). With ``matmul_dtype`` left at the compute dtype it is the exact path, ``chunk.py``'s
 forward. The algebra and its notation are ``chunk.py``'s, whose pieces it calls.
 
-Layout choices that save passes over the prompt: q, k and v are chunked in the operand dtype (half the
-bytes in bf16), K K^T and Q K^T come from one GEMM of ``[K; Q]`` with K^T, and W and U from one GEMM of T
-with ``[diag(beta exp(gamma)) K | diag(beta) V]``. Sequences start from their slots' states (zeros where
-``has_initial_state`` is false) and their final states are written back into the slots.
+On a CPU, bf16 and fp32 inputs on an fp32 state run ``cpu_prefill.cpp`` (in the package's CPU extension,
+``ops/cpu_extension.py``): the same algebra one (sequence, head) at a time, its four GEMMs per chunk through
+ATen and everything between them fused into loops over one chunk of one head, which stay in cache. Written
+in PyTorch the op makes a dozen passes over every chunk and allocates as many prompt-sized temporaries per
+call. The PyTorch code below is the reference it is tested against and the path everywhere else (fp64, a
+bf16 state, no compiler, ``ZEBRA_CPU_KERNELS=torch``); its layout choices save passes too: q, k and v are
+chunked in the operand dtype, K K^T and Q K^T come from one GEMM of ``[K; Q]`` with K^T, and W and U from
+one GEMM of T with ``[diag(beta exp(gamma)) K | diag(beta) V]``. Sequences start from their slots' states
+(zeros where ``has_initial_state`` is false) and their final states are written back into the slots. Speed:
+``benchmarks/bench_vllm_gdn_cpu.py``, figures in ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..cpu_extension import cpu_kernels
 from ..segments import segment_bounds
 from .checks import compute_dtype, l2norm
 from .chunk import CHUNK_SIZE, _bmm, chunk_decays, chunk_recurrence, wy_inverse
@@ -54,6 +61,13 @@ def chunk_gated_delta_rule_prefill(
         raise ValueError(f"matmul_dtype must be None or torch.bfloat16, got {matmul_dtype}.")
     _, seq_len, heads, key_dim = q.shape
     scale = key_dim**-0.5 if scale is None else float(scale)
+    kernel = cpu_kernels() if _fits_the_kernel(q, state, operand) else None
+    if kernel is not None:
+        return kernel.gated_delta_prefill_in_slots(
+            q[0].contiguous(), k[0].contiguous(), v[0].to(q.dtype).contiguous(), g[0].float().contiguous(),
+            beta[0].float().contiguous(), state, state_indices.long(), cu_seqlens.long(), has_initial_state,
+            scale, use_qk_l2norm_in_kernel, operand == torch.bfloat16,
+        )[None]  # fmt: skip
     starts, lengths = segment_bounds(1, seq_len, cu_seqlens)
     plan = make_chunk_plan(starts, lengths, CHUNK_SIZE, q.device)
     size = plan.chunk_size
@@ -85,3 +99,13 @@ def chunk_gated_delta_rule_prefill(
     o = _bmm(intra, products[:, :, size:]).add_(products[:, :, :size])
     state[slots] = current.to(state.dtype)
     return plan.from_chunks(o)[None].to(q.dtype)
+
+
+def _fits_the_kernel(q: torch.Tensor, state: torch.Tensor, operand: torch.dtype) -> bool:
+    """The C++ path (``cpu_prefill.cpp``) takes CPU bf16 or fp32 inputs on an fp32 state."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype in (torch.bfloat16, torch.float32)
+        and state.dtype == torch.float32
+        and (operand == torch.float32 or q.dtype == torch.bfloat16)
+    )
