@@ -1,7 +1,7 @@
 """Online serving with vLLM's own client: ``vllm bench serve`` against ``vllm serve``, Zebra against dense Qwen3.
 
 Two checkpoints with random weights and the same tokenizer (the offline test tokenizer): the ~100M Zebra
-with the released head shapes from ``bench_serving.py``, and a dense Qwen3 of the same size (vLLM's own
+with the released head shapes from ``llamafactory_zebra/testing/serving_checkpoint.py``, and a dense Qwen3 of the same size (vLLM's own
 ``Qwen3ForCausalLM``): the same width, depth and attention heads (Qwen3-1.7B's 16/8 of 128), its MLP
 widened until the parameter counts match (Zebra's GDN and MLA projections are wider than Qwen3's attention). Each is served by ``vllm serve`` on 127.0.0.1
 (a free port, the same engine options for both) and measured by ``vllm bench serve`` with its ``random``
@@ -26,9 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_serving import MODEL_OVERRIDES, build_checkpoint  # noqa: E402
+from llamafactory_zebra.testing.serving_checkpoint import MODEL_OVERRIDES, build_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM = Path(sys.executable).parent / "vllm"
