@@ -53,7 +53,7 @@ from llamafactory_zebra.kernels import BACKEND_ENV_VAR, KNOWN_ISSUES, STOP, Stac
 from llamafactory_zebra.kernels.resolver import attention_choice, loss_choice
 from llamafactory_zebra.loss import fused_causal_lm_loss
 from llamafactory_zebra.packing import block_causal_mask, segment_ids_from_position_ids
-from llamafactory_zebra.planning.plan import TrainingSetup, make_plan
+from llamafactory_zebra.planning.memory_plan import TrainingSetup, make_plan
 
 # Dense bf16 tensor-core peak per device (vendor datasheets); ``--peak-tflops`` for anything else.
 PEAK_BF16_TFLOPS = {"H200": 989, "H100": 989, "A100": 312, "MI300X": 1307, "MI325X": 1307, "MI250": 181, "L40S": 362}

@@ -19,8 +19,8 @@ from safetensors import safe_open
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from llamafactory_zebra.convert import ConversionInputError, ConversionOptions, convert_checkpoint, uniform_mla_layers
+from llamafactory_zebra.convert.hybrid_plan import resolve_dims
 from llamafactory_zebra.convert.mla_init import head_dim_order
-from llamafactory_zebra.convert.plan import resolve_dims
 from llamafactory_zebra.convert.source import base_shape
 
 DEMO = REPO / "examples" / "data" / "zebra_demo.json"
@@ -221,8 +221,8 @@ def test_gdn_projections_are_bit_exact_copies_of_the_attention_blocks(base_dir, 
 
 def test_uniform_plan_and_default_dims_reproduce_the_released_qwen3_1_7b_layout():
     from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
+    from llamafactory_zebra.convert.hybrid_plan import layer_types_from
     from llamafactory_zebra.convert.pipeline import zebra_config_for
-    from llamafactory_zebra.convert.plan import layer_types_from
 
     assert uniform_mla_layers(28, 7) == [1, 5, 9, 13, 17, 21, 25]
     assert uniform_mla_layers(28, 14) == list(range(0, 28, 2))

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from llamafactory_zebra.cli import doctor as doctor_cli
+from llamafactory_zebra.cli import doctor_cmd as doctor_cli
 from llamafactory_zebra.environment import checks as doctor
 from llamafactory_zebra.environment.checks import FAIL, OK, WARN, Check, Machine
 from llamafactory_zebra.environment.rocm_settings import rocm_env_file, rocm_settings

@@ -16,6 +16,7 @@ from repo_paths import REPO
 from llamafactory_zebra.configuration_zebra import ZebraConfig
 from llamafactory_zebra.planning.activations import Kernels, activation_estimate, inference_cache_bytes
 from llamafactory_zebra.planning.hardware import GIB
+from llamafactory_zebra.planning.memory_plan import TrainingSetup, cheapest_fix, make_plan
 from llamafactory_zebra.planning.model_states import Sharding, model_state_bytes
 from llamafactory_zebra.planning.parameters import (
     freeze_trainable_params,
@@ -23,7 +24,6 @@ from llamafactory_zebra.planning.parameters import (
     summarize,
     zebra_modules,
 )
-from llamafactory_zebra.planning.plan import TrainingSetup, cheapest_fix, make_plan
 
 ONE_M = "qwen3-1.7b-7mla21gdn-1m"
 
@@ -293,10 +293,10 @@ def _write_yaml(tmp_path, **values):
 
 
 def _run_plan(capsys, *argv):
-    from llamafactory_zebra.cli import plan
+    from llamafactory_zebra.cli import plan_cmd
 
     parser = argparse.ArgumentParser()
-    plan.add_parser(parser.add_subparsers())
+    plan_cmd.add_parser(parser.add_subparsers())
     args = parser.parse_args(["plan", *argv])
     code = args.func(args)
     captured = capsys.readouterr()

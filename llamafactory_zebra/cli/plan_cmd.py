@@ -16,7 +16,8 @@ from huggingface_hub.errors import StrictDataclassError
 
 from ..planning.activations import activation_estimate
 from ..planning.hardware import GIB, GPUS, gpu_memory_bytes
-from ..planning.plan import MemoryPlan, TrainingSetup, cheapest_fix, make_plan
+from ..planning.memory_plan import MemoryPlan, TrainingSetup, cheapest_fix, make_plan
+from .commands import SUBCOMMANDS
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_INVALID = 0, 1, 2
 
@@ -24,7 +25,7 @@ EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_INVALID = 0, 1, 2
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan",
-        help="estimate per-GPU memory of a training YAML",
+        help=SUBCOMMANDS["plan"].help,
         description="Per-GPU memory of a LLaMA-Factory training YAML for a Zebra model, with a verdict. "
         "Exit code 0: fits; 1: does not fit; 2: invalid input.",
     )

@@ -23,12 +23,13 @@ from ..environment.checks import (
     render,
     run_checks,
 )
+from .commands import SUBCOMMANDS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "doctor",
-        help="check the GPU/ROCm/CUDA software environment",
+        help=SUBCOMMANDS["doctor"].help,
         description="Check the software stack for Zebra training. Exit code 0: no failed check; 1: a check "
         "failed; 2: bad command line. No GPU is a warning unless --require-gpu.",
     )
