@@ -27,7 +27,6 @@ import json
 import resource
 import sys
 import time
-from pathlib import Path
 
 VARIANTS = ("stock", "chunked+absorbed", "qwen3")
 HIDDEN, INTERMEDIATE, LAYERS, VOCAB = 512, 1024, 4, 1024
@@ -143,7 +142,6 @@ def main() -> int:
         print(json.dumps(run_point(args.point[0], int(args.point[1]), args.chunk, args.new_tokens)))
         return 0
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from subprocess_points import run_point as run_in_subprocess
 
     print(f"chunk {args.chunk}, {args.new_tokens} decode steps; ratios against 'stock' in the same run\n")

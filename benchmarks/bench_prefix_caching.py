@@ -2,7 +2,7 @@
 
 Requests that share a long context (a document or system prompt of ``--context-tokens``) and differ in a
 short question (``--question-tokens``), served offline by ``vllm.LLM`` on the ~100M released-shape Zebra of
-``bench_serving.py`` (random weights). Per mode (one engine each, started in turn in this process):
+``llamafactory_zebra/testing/serving_checkpoint.py`` (random weights). Per mode (one engine each, started in turn in this process):
 
 1. one cold request (context + question 0; its prefill leaves the context's GDN state at a block border);
 2. ``--requests`` requests one at a time, 1 output token each: the wall time of each call is its time to
@@ -23,16 +23,14 @@ import argparse
 import gc
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_serving import build_checkpoint  # noqa: E402  (the same ~100M released-shape checkpoint)
+from llamafactory_zebra.testing.serving_checkpoint import build_checkpoint
 
 
 def token_prompts(vocab: int, context_tokens: int, question_tokens: int, count: int, seed: int) -> list[list[int]]:
@@ -124,7 +122,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="as bench_serving.py (CPU: 512)")
     parser.add_argument("--compile", action="store_true", help="vLLM's torch.compile (about 30 s more per engine)")
-    parser.add_argument("--model-dir", help="an existing checkpoint (default: build bench_serving.py's ~100M one)")
+    parser.add_argument(
+        "--model-dir", help="an existing checkpoint (default: build serving_checkpoint.py's ~100M one)"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench_prefix_") as tmp:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -106,7 +105,6 @@ def main() -> None:
         print(json.dumps(measure(*args.point)))
         return
 
-    sys.path.insert(0, str(Path(__file__).parent))
     from subprocess_points import run_point
 
     footprints = {}

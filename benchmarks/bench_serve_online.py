@@ -39,7 +39,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench_serving import build_checkpoint
+from llamafactory_zebra.testing.serving_checkpoint import build_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 VLLM = Path(sys.executable).parent / "vllm"

@@ -6,7 +6,8 @@ so this driver runs three subprocesses: ``build`` (the checkpoint, in the LLaMA-
 engine serves them) and ``vllm`` (one ``LLM.chat`` call over all prompts: continuous batching), each
 with this repository first on ``PYTHONPATH``, and prints one table.
 
-The checkpoint: a random Zebra of ~100M parameters with the released head shapes (MLA q/k 64+64, v 128,
+The checkpoint (``llamafactory_zebra/testing/serving_checkpoint.py``): a random Zebra of ~100M parameters
+with the released head shapes (MLA q/k 64+64, v 128,
 latent 256, q rank 1344, 16/8 heads; GDN 6 heads, key 256, value 512) and a small hidden size, depth and
 vocabulary (the offline test tokenizer's). Prompts: one user turn each, rendered by the ``zebra``
 template with ``enable_thinking: false`` (both engines render the checkpoint's Qwen3 chat template), of
@@ -31,43 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from llamafactory_zebra.testing.serving_checkpoint import build_checkpoint
+
 REPO = Path(__file__).resolve().parent.parent
-MODEL_OVERRIDES = {
-    "hidden_size": 768,
-    "intermediate_size": 2048,
-    "num_hidden_layers": 8,
-    "layer_types": ["gdn", "mla", "gdn", "gdn", "gdn", "mla", "gdn", "gdn"],
-    "max_position_embeddings": 4096,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0},
-}
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa".split()
-
-
-def build_checkpoint(output: Path, dtype: str, overrides: dict | None = None) -> dict:
-    """A random Zebra with the released head shapes and ``overrides`` (default: this benchmark's ~100M model)."""
-    import torch
-
-    from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
-    from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
-
-    tokenizer = build_tiny_tokenizer()
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    # The 1.7B preset's head shapes, with everything else shrunk.
-    config = ZebraConfig.from_preset(
-        "qwen3-1.7b-7mla21gdn-8k",
-        vocab_size=len(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=eos,
-        bos_token_id=None,
-        **(MODEL_OVERRIDES if overrides is None else overrides),
-    )
-    torch.manual_seed(0)
-    model = ZebraForCausalLM(config).to(getattr(torch, dtype))
-    model.generation_config.eos_token_id = eos
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(output)
-    tokenizer.save_pretrained(output)
-    return {"parameters": sum(p.numel() for p in model.parameters())}
 
 
 def make_prompts(model_dir: Path, count: int, prompt_tokens: int) -> list[list[dict]]:

@@ -11,7 +11,7 @@ model many times.
 AMD's released checkpoints use the same weight names as this package's native ones: the released
 layout differs in its config files and in which MLA norms the weights carry, which ``config.mla_norm``
 selects (``released.keys.detect_mla_norm`` reads it from the key names, with the one name list kept
-below the model, checked against this one by ``tests/test_inventory.py``).
+below the model, checked against this one by ``tests/model/test_inventory.py``).
 
 Imports the model, its layers and the config only (torch and transformers, never LLaMA-Factory or vLLM),
 so serving code can import it.

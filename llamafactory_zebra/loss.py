@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 # The label LLaMA-Factory's collators write for prompt and padding tokens (``llamafactory.extras.constants.
 # IGNORE_INDEX``, PyTorch's cross-entropy default). Spelled out, not imported: the model code stays importable
-# without LLaMA-Factory's import chain; tests/test_loss.py checks the two agree.
+# without LLaMA-Factory's import chain; tests/ops/test_loss.py checks the two agree.
 IGNORE_INDEX = -100
 # One chunk of fp32 logits stays at or below this many elements (64 MiB): 64 tokens for Qwen3's 151,936 vocab.
 CHUNK_LOGIT_ELEMENTS = 1 << 24

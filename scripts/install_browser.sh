@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what tests/test_webui_e2e.py drives: Debian's headless Chromium, the chromedriver built from
+# Installs what tests/integration/test_webui_e2e.py drives: Debian's headless Chromium, the chromedriver built from
 # the same Chromium release (so the two always match). Selenium's Python client comes with the
 # package's `test` extra. Nothing is downloaded at test time. Runs as root (CI) or through sudo.
 set -euo pipefail

@@ -4,7 +4,7 @@
 # Usage (from the repository root):  bash scripts/test.sh [--fast] [pytest args]
 #   --fast: the edit loop, `-m "not slow"`: leaves out the tests marked slow (those that start
 #   llamafactory-cli, torchrun, a browser or another Python process) but the serving smoke test
-#   (tests/test_serving_smoke.py, where .venv-vllm exists); CI runs the whole suite.
+#   (tests/serving/test_serving_smoke.py, where .venv-vllm exists); CI runs the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -7,15 +7,10 @@ Each module starts one engine (tens of seconds on 2 cores) and runs every case i
 """
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-
-# tests/zebra_helpers.py builds AMD's released layout; it needs only torch and safetensors.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 pytest.importorskip("vllm", reason="tests_vllm runs in the vLLM serving venv (scripts/vllm_env.sh)")

@@ -24,11 +24,9 @@ from pathlib import Path
 import torch
 import yaml
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from vllm_parity import reference_logprobs, zebra_model  # noqa: E402
+from llamafactory_zebra.testing.vllm_parity import reference_logprobs, zebra_model
 
-REPO = HERE.parent
+REPO = Path(__file__).resolve().parents[1]
 LLAMAFACTORY_ADAPTER = "lf-all-r8"
 MLA_AND_MLP = ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "out_proj"]
 # The narrower target: attention projections and MLP (no GDN gate/decay projections).

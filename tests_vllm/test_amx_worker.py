@@ -14,7 +14,8 @@ import sys
 
 import pytest
 import torch
-from vllm_parity import check_within_bf16_noise, zebra_model
+
+from llamafactory_zebra.testing.vllm_parity import check_within_bf16_noise, zebra_model
 
 pytestmark = [
     pytest.mark.slow,
@@ -44,7 +45,7 @@ if __name__ == "__main__":
 def test_a_first_layer_mla_zebra_is_served_in_the_worker_process(tmp_path):
     import json
 
-    from vllm_parity import Served
+    from llamafactory_zebra.testing.vllm_parity import Served
 
     model = zebra_model(
         seed=4, num_hidden_layers=3, layer_types=["mla", "gdn", "mla"], hidden_size=256, num_attention_heads=4,

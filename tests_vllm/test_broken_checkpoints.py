@@ -2,10 +2,10 @@
 
 import pytest
 from safetensors.torch import load_file, save_file
-from vllm_parity import load_failures
 
 from llamafactory_zebra.configuration_zebra import ZebraConfig
 from llamafactory_zebra.modeling_zebra import ZebraForCausalLM
+from llamafactory_zebra.testing.vllm_parity import load_failures
 
 pytestmark = pytest.mark.slow
 

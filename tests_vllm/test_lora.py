@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm_parity import agreement, errors_between, prompts, serve, start_engine, stop_engine
+
+from llamafactory_zebra.testing.vllm_parity import agreement, errors_between, prompts, serve, start_engine, stop_engine
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,15 @@ The 180-token prompt is prefilled in 64-token chunks while the shorter ones deco
 prefill chunks that continue a state (on CPUs with bf16 dot products: vLLM's C++ conv on the slots)."""
 
 import pytest
-from vllm_parity import check_within_bf16_noise, prompts, serve, start_engine, stop_engine, zebra_model
+
+from llamafactory_zebra.testing.vllm_parity import (
+    check_within_bf16_noise,
+    prompts,
+    serve,
+    start_engine,
+    stop_engine,
+    zebra_model,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,16 @@ attention biases (``tie_word_embeddings`` set: the transformers model keeps its 
 it, and vLLM must serve that head), a non-default ``gdn_norm_eps``, and a value head narrower than the q/k head."""
 
 import pytest
-from vllm_parity import agreement, prompts, reference_logprobs, serve, start_engine, stop_engine, zebra_model
+
+from llamafactory_zebra.testing.vllm_parity import (
+    agreement,
+    prompts,
+    reference_logprobs,
+    serve,
+    start_engine,
+    stop_engine,
+    zebra_model,
+)
 
 pytestmark = pytest.mark.slow
 

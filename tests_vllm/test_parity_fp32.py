@@ -2,7 +2,16 @@
 computes it (``mla_norm: qk_head``, interleaved RoPE), alone and in a batch of mixed lengths."""
 
 import pytest
-from vllm_parity import agreement, prompts, reference_logprobs, serve, start_engine, stop_engine, zebra_model
+
+from llamafactory_zebra.testing.vllm_parity import (
+    agreement,
+    prompts,
+    reference_logprobs,
+    serve,
+    start_engine,
+    stop_engine,
+    zebra_model,
+)
 
 pytestmark = pytest.mark.slow
 

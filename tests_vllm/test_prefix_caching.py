@@ -18,7 +18,15 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from vllm_parity import errors_between, prompts, reference_logprobs, start_engine, stop_engine, zebra_model
+
+from llamafactory_zebra.testing.vllm_parity import (
+    errors_between,
+    prompts,
+    reference_logprobs,
+    start_engine,
+    stop_engine,
+    zebra_model,
+)
 
 pytestmark = pytest.mark.slow
 # ``prefill_chunks`` sends a function to vLLM's worker process (``collective_rpc``), which vLLM allows only so.

@@ -4,7 +4,10 @@ own noise — the same transformers model run in bf16 on the same tokens."""
 
 import pytest
 import torch
-from vllm_parity import (
+
+from llamafactory_zebra.modeling_zebra import ZebraForCausalLM
+from llamafactory_zebra.testing.models import write_released_layout
+from llamafactory_zebra.testing.vllm_parity import (
     check_within_bf16_noise,
     prompts,
     serve,
@@ -12,9 +15,6 @@ from vllm_parity import (
     stop_engine,
     zebra_model,
 )
-from zebra_helpers import write_released_layout
-
-from llamafactory_zebra.modeling_zebra import ZebraForCausalLM
 
 pytestmark = pytest.mark.slow
 

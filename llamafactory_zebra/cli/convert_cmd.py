@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from .commands import SUBCOMMANDS
+
 
 def _layer_list(text: str) -> list[int]:
     try:
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "convert",
-        help="build a Zebra hybrid (MLA + GDN) from a Qwen3 or Llama-3 checkpoint",
+        help=SUBCOMMANDS["convert"].help,
         description="Initialise a Zebra hybrid from a Transformer: MLA layers by truncated SVD of the attention "
         "weights, GDN layers by copying them, everything else verbatim. Defaults reproduce the released "
         "7MLA21GDN plan and ranks for Qwen3-1.7B and scale with the base (docs/convert.md).",

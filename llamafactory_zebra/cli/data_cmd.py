@@ -12,11 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .commands import SUBCOMMANDS
+
 DEFAULT_OUTPUT_DIR = "data_inspect"
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser("data", help="inspect how datasets tokenize and pack; list registry datasets")
+    parser = subparsers.add_parser("data", help=SUBCOMMANDS["data"].help)
     commands = parser.add_subparsers(dest="data_command", metavar="DATA_COMMAND")
 
     inspect_parser = commands.add_parser("inspect", help="packing report for a LLaMA-Factory training YAML")

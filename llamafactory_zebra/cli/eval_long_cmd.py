@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from .commands import SUBCOMMANDS
+
 LENGTH = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmM]?)$")
 
 
@@ -138,9 +140,7 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     from ..evaluation.tasks import TASKS
 
-    parser = subparsers.add_parser(
-        "eval-long", help="RULER-style long-context scores of a model from its inference YAML"
-    )
+    parser = subparsers.add_parser("eval-long", help=SUBCOMMANDS["eval-long"].help)
     parser.add_argument(
         "config", help="LLaMA-Factory inference YAML (model_name_or_path, adapter_name_or_path, template)"
     )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from .commands import SUBCOMMANDS
+
 
 def run(args: argparse.Namespace) -> int:
     from ..released.import_checkpoint import import_released_checkpoint
@@ -24,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("import", help="convert a checkpoint in AMD's released layout to a native one")
+    parser = subparsers.add_parser("import", help=SUBCOMMANDS["import"].help)
     parser.add_argument("released_dir", help="directory with config.json, hybrid_config.json and *.safetensors")
     parser.add_argument("output_dir")
     parser.add_argument("--copy", action="store_true", help="copy weight files instead of hard-linking them")

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from ..presets import PRESETS
+from .commands import SUBCOMMANDS
 
 LARGE_PRESET_PARAMETERS = 100_000_000
 
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("init", help="write a small random Zebra model and tokenizer")
+    parser = subparsers.add_parser("init", help=SUBCOMMANDS["init"].help)
     parser.add_argument("preset", help=f"one of: {', '.join(sorted(PRESETS))} (tiny for CPU work)")
     parser.add_argument("output_dir")
     parser.add_argument("--seed", type=int, default=0)

@@ -10,26 +10,7 @@ import argparse
 import importlib
 import sys
 
-# command name -> (module, one-line help). Each module exposes ``add_parser(subparsers)``, which sets ``func``.
-SUBCOMMANDS = {
-    "init": (
-        "llamafactory_zebra.cli.init_cmd",
-        "write a small random Zebra model and tokenizer (for quickstarts and tests)",
-    ),
-    "convert": (
-        "llamafactory_zebra.cli.convert_cmd",
-        "build a Zebra hybrid (MLA + GDN) from a Qwen3 or Llama-3 checkpoint",
-    ),
-    "import": ("llamafactory_zebra.cli.import_cmd", "convert a checkpoint in AMD's released layout to a native one"),
-    "data": ("llamafactory_zebra.cli.data_cmd", "inspect how datasets tokenize and pack (data inspect TRAIN.yaml)"),
-    "verify": (
-        "llamafactory_zebra.cli.verify_cmd",
-        "check by perplexity that a downloaded checkpoint runs with the right MLA convention",
-    ),
-    "doctor": ("llamafactory_zebra.cli.doctor", "check the GPU/ROCm/CUDA software environment"),
-    "plan": ("llamafactory_zebra.cli.plan", "estimate per-GPU memory of a training YAML"),
-    "eval-long": ("llamafactory_zebra.cli.eval_long_cmd", "RULER-style long-context scores of an inference YAML"),
-}
+from .commands import SUBCOMMANDS
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from .commands import SUBCOMMANDS
+
 
 def run(args: argparse.Namespace) -> int:
     from ..released.verify import CheckpointNotLoadable, verify_checkpoint
@@ -25,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("verify", help="check a checkpoint's MLA convention by perplexity")
+    parser = subparsers.add_parser("verify", help=SUBCOMMANDS["verify"].help)
     parser.add_argument("model_dir", help="a Zebra checkpoint directory (native or AMD's released layout)")
     parser.add_argument("--max-tokens", type=int, default=512, help="tokens of the built-in text to score (512)")
     parser.add_argument(

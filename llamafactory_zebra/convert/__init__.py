@@ -2,11 +2,12 @@
 
 MLA layers come from the base's attention by truncated SVD (``mla_init``), GDN layers by copying its
 projections (``gdn_init``), everything else verbatim; ``selection`` picks the MLA layers (evenly or
-by KL sensitivity), ``report`` measures what the ranks kept. See ``docs/convert.md``.
+by KL sensitivity), ``hybrid_plan`` decides the layer kinds and dimensions, ``report`` measures what
+the ranks kept. See ``docs/convert.md``.
 """
 
+from .hybrid_plan import ConversionOptions, uniform_mla_layers
 from .pipeline import ConversionResult, convert_checkpoint
-from .plan import ConversionOptions, uniform_mla_layers
 from .source import SUPPORTED_ARCHITECTURES, ConversionInputError
 
 __all__ = [

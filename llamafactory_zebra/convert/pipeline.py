@@ -25,8 +25,7 @@ from ..configuration_zebra import GDN, MLA, MLA_NORM_NONE, MLA_NORM_QK_HEAD, Zeb
 from ..inventory import parameter_shapes
 from ..released import TOKENIZER_AND_GENERATION_FILES
 from .gdn_init import init_gdn_from_attention
-from .mla_init import init_mla_from_attention
-from .plan import (
+from .hybrid_plan import (
     SELECTIONS,
     ConversionOptions,
     ZebraDims,
@@ -37,6 +36,7 @@ from .plan import (
     resolve_dims,
     uniform_mla_layers,
 )
+from .mla_init import init_mla_from_attention
 from .report import ConversionReport, LayerReport, base_kv_bytes_per_token, gdn_state_bytes, kv_bytes_per_token
 from .source import BaseCheckpoint, BaseShape, ConversionInputError
 from .writer import ShardedSafetensorsWriter

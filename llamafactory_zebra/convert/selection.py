@@ -18,7 +18,7 @@ from torch import nn
 
 from ..configuration_zebra import ZebraConfig
 from .gdn_init import init_gdn_from_attention
-from .plan import ConversionOptions
+from .hybrid_plan import ConversionOptions
 from .source import BaseCheckpoint, ConversionInputError
 
 

@@ -1,7 +1,7 @@
 """The two size rules of a run's processes, written once: ``world = data_parallel x sequence_parallel``.
 
 The key's parser (``zebra_args``), the launcher, the training-argument checks, ``data inspect``, the
-planner and the process groups (``parallel.layout``) all call these, so a run is refused with the same
+planner and the process groups (``parallel.rank_groups``) all call these, so a run is refused with the same
 words wherever the mistake is first seen.
 """
 

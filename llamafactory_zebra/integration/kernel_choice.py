@@ -39,7 +39,7 @@ def resolve_for_run(model_args: Any, *, training: bool, use_cpu: bool = False) -
     )
 
 
-def report(resolution: Resolution, info: Callable[[str], None], warning: Callable[[str], None]) -> None:
+def log_resolution(resolution: Resolution, info: Callable[[str], None], warning: Callable[[str], None]) -> None:
     """Log the table once and each warning once; raise with the fixes last when training must not start."""
     emit_once(f"kernel table {resolution.phase}", f"llamafactory-zebra: {resolution.table(fixes=False)}", info)
     for problem in resolution.with_severity(WARN):
@@ -52,7 +52,7 @@ def training_kernel_step(model_args: Any, training_args: Any, logger: Any) -> No
     if not is_zebra_model(model_args.model_name_or_path):
         return
     resolution = resolve_for_run(model_args, training=True, use_cpu=bool(getattr(training_args, "use_cpu", False)))
-    report(resolution, logger.info_rank0, logger.warning_rank0)
+    log_resolution(resolution, logger.info_rank0, logger.warning_rank0)
 
 
 def on_parser_loaded(parser: ModuleType) -> None:
@@ -63,7 +63,9 @@ def on_parser_loaded(parser: ModuleType) -> None:
         parsed = get_infer_args(args)
         model_args = parsed[0]
         if is_zebra_model(model_args.model_name_or_path):
-            report(resolve_for_run(model_args, training=False), parser.logger.info_rank0, parser.logger.warning_rank0)
+            log_resolution(
+                resolve_for_run(model_args, training=False), parser.logger.info_rank0, parser.logger.warning_rank0
+            )
         return parsed
 
     wrap(parser, "get_infer_args", zebra_get_infer_args)

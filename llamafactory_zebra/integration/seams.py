@@ -1,7 +1,7 @@
 """Every place where llamafactory-zebra changes LLaMA-Factory 0.9.5 behaviour, and why.
 
 ``UPSTREAM_SEAMS`` lists every upstream name the plugin wraps or relies on, with the parameters relied
-on; ``tests/test_upstream_seams.py`` fails when an upgrade moves or renames any of them, and
+on; ``tests/integration/test_upstream_seams.py`` fails when an upgrade moves or renames any of them, and
 :func:`require_seam` raises at activation with the same message, instead of patching the wrong thing.
 :func:`wrap` is the one door through which any upstream attribute is replaced: it checks the seam,
 marks the wrapper with the original and refuses to wrap a name twice (:func:`wrapped` for one ``with``
@@ -44,7 +44,7 @@ from ..released import RELEASED_HYBRID_CONFIG, RELEASED_LAYOUT, checkpoint_layou
 
 # Every name in LLaMA-Factory (and the few in transformers, accelerate and DeepSpeed) that the plugin wraps,
 # replaces or relies on: (module, attribute — dotted for class members, parameters relied on, in order).
-# Every wrapper is installed through wrap() / wrapped() / wrapped_method(), which check it against this table; tests/test_upstream_seams.py
+# Every wrapper is installed through wrap() / wrapped() / wrapped_method(), which check it against this table; tests/integration/test_upstream_seams.py
 # checks the table against the installed LLaMA-Factory and against docs/llamafactory.md.
 UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("llamafactory.extras.constants", "register_model_group", ("models", "template", "multimodal")),
@@ -99,7 +99,7 @@ UPSTREAM_SEAMS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 )
 
 # Entries the plugin puts into transformers' process-wide registries through their public ``register``
-# methods: (registry, key, when). tests/test_upstream_seams.py compares this with the registries' contents
+# methods: (registry, key, when). tests/integration/test_upstream_seams.py compares this with the registries' contents
 # after the plugin ran; docs/llamafactory.md lists it.
 TRANSFORMERS_REGISTRATIONS: tuple[tuple[str, str, str], ...] = (
     ("AutoConfig", "zebra", "import llamafactory_zebra"),

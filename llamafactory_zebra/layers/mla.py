@@ -12,7 +12,7 @@ rotates channel pairs (2j, 2j+1): it de-interleaves the rope dims (``view(d/2, 2
 applies the half-split rotation, so rotated q and k rope dims come out in de-interleaved order (q·k is
 unchanged, both are treated alike). ``rope_interleave: false`` is Qwen3's half-split (j, j+d/2) on the
 stored order. The two are one model up to the row permutation [0, 2, …, d-2, 1, 3, …, d-1] of the
-rope rows (``tests/test_mla_conventions.py``).
+rope rows (``tests/model/test_mla_conventions.py``).
 
 Where the norms sit (``config.mla_norm``):
 

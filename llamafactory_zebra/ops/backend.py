@@ -8,7 +8,7 @@ fla when it imports and the tensors live on a GPU, PyTorch otherwise).
 CPU tensors reach fla only on explicit request under Triton's CPU interpreter: ``ZEBRA_GDN_BACKEND=fla``
 together with ``TRITON_INTERPRET=1`` (Triton's own switch, read when triton is first imported). That
 runs fla's real Triton kernels, slowly, on the CPU, which is how the test suite proves the GPU path
-without a GPU (``tests/test_kernels_triton_interpreter.py``, ``docs/gpu.md``). ``auto`` never does it.
+without a GPU (``tests/kernels/test_kernels_triton_interpreter.py``, ``docs/gpu.md``). ``auto`` never does it.
 
 The switch itself and the run-level decision (which kernel each part will use on this machine, and
 which known-broken combinations stop a run) live in ``llamafactory_zebra.kernels``; this module makes

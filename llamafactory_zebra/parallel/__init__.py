@@ -1,6 +1,6 @@
 """Sequence parallelism for Zebra: one row spread over ``sp`` ranks, computed exactly as on one rank.
 
-- ``layout``: the ``dp x sp`` process groups (DeepSpeed's ``parallel_state_sp`` when DeepSpeed runs).
+- ``rank_groups``: the ``dp x sp`` process groups (DeepSpeed's ``parallel_state_sp`` when DeepSpeed runs).
 - ``context``: per-forward sample borders of whole rows (plain data), handed to the mixers.
 - ``gdn``: convolution halo and affine state summaries for Gated DeltaNet.
 - ``attention``: Ulysses all-to-all around transformers' attention functions for MLA.
@@ -9,8 +9,8 @@
 """
 
 from .context import SequenceParallelContext, build_sequence_parallel_context, gather_row_segment_ids
-from .layout import SequenceParallelLayout, layout_from_deepspeed, new_layout
 from .model import enable_sequence_parallel
+from .rank_groups import SequenceParallelLayout, layout_from_deepspeed, new_layout
 from .sharding import pad_rows_for_sequence_parallel, shard_batch
 
 __all__ = [

@@ -20,7 +20,7 @@ import torch
 
 from ..packing import cu_seqlens_from_segment_ids, row_segment_ids, run_ids
 from .collectives import gather_sequence
-from .layout import SequenceParallelLayout
+from .rank_groups import SequenceParallelLayout
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .layout import SequenceParallelLayout
+from .rank_groups import SequenceParallelLayout
 
 
 def enable_sequence_parallel(model: nn.Module, layout: SequenceParallelLayout | None) -> int:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..loss import IGNORE_INDEX
-from .layout import SequenceParallelLayout
+from .rank_groups import SequenceParallelLayout
 
 ROW_KEYS = ("input_ids", "attention_mask", "position_ids", "labels", "shift_labels", "token_type_ids")
 

@@ -20,7 +20,7 @@ from ..configuration_zebra import ZebraConfig
 from ..hparams import read_run_arguments
 from ..presets import PRESET_HUB_IDS, PRESETS
 from ..released import checkpoint_layout, load_checkpoint_config
-from .plan import TrainingSetup
+from .memory_plan import TrainingSetup
 
 
 def resolve_model_config(name_or_path: str) -> tuple[ZebraConfig, str]:

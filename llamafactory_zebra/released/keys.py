@@ -74,7 +74,7 @@ def mla_weight_names(config: ZebraConfig, mla_norm: str) -> set[str]:
 
     The one list of parameter names written outside the model, because it is needed below it: the model
     reads a released directory through this package, so this package cannot build the model to ask it.
-    ``tests/test_inventory.py`` checks it against ``inventory.parameter_shapes`` for every placement.
+    ``tests/model/test_inventory.py`` checks it against ``inventory.parameter_shapes`` for every placement.
     """
     projections = ["kv_a_proj_with_mqa", "out_proj"] + (["q_proj"] if config.q_lora_rank is None else ["q_a_proj"])
     names = {f"{name}.weight" for name in projections}

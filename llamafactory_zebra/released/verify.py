@@ -112,7 +112,7 @@ def pick_dtype(name: str) -> torch.dtype:
 # The next convention must score at least this much worse than the best for a verdict. Measured: the
 # four conventions of untrained tiny Zebras (4 seeds × 2 widths, fp32 and bf16, 512 tokens) lie within
 # 1.005× of each other, all at chance (perplexity ≈ vocabulary size); the tiny model of
-# tests/test_verify.py, trained 60 steps under one convention, wins by more than 1.5×. 1.05 sits ten
+# tests/released/test_verify.py, trained 60 steps under one convention, wins by more than 1.5×. 1.05 sits ten
 # times above the first spread and ten times below the second.
 DECISIVE_MARGIN = 1.05
 

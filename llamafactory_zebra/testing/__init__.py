@@ -1,1 +1,2 @@
-"""Offline stand-ins for the hub assets tests, examples and the quickstart need (no network, milliseconds)."""
+"""Offline stand-ins for the hub assets tests, examples and the quickstart need (no network, milliseconds),
+and the builders both test venvs share (neither imports LLaMA-Factory)."""

@@ -7,7 +7,7 @@ row loop, whose backward costs O(chunks x T) (measured against this file in ``do
 MIT-licensed, Copyright (c) 2023-2025 Songlin Yang, Yu Zhang), written for batched dense algebra:
 every in-chunk quantity is computed for all chunks at once, the triangular system by one batched
 ``solve_triangular``, and only the chunk-to-chunk state recurrence is a Python loop, forward and
-backward (see ``plan.py`` for how varlen sequences share that loop).
+backward (see ``chunk_plan.py`` for how varlen sequences share that loop).
 
 Per chunk of C tokens (gamma = in-chunk cumsum of g, Gamma_ij = exp(gamma_i - gamma_j) for j <= i,
 state S0 entering the chunk, q already scaled)::
@@ -31,7 +31,7 @@ import torch
 
 from ..segments import segment_bounds
 from .checks import check_gdn_inputs, compute_dtype, l2norm
-from .plan import ChunkPlan, make_chunk_plan
+from .chunk_plan import ChunkPlan, make_chunk_plan
 
 CHUNK_SIZE = 64
 

@@ -35,7 +35,7 @@ import torch
 
 from ..segments import segment_bounds
 from .checks import check_gdn_inputs, compute_dtype, l2norm
-from .plan import ChunkPlan, make_chunk_plan
+from .chunk_plan import ChunkPlan, make_chunk_plan
 
 CHUNK_SIZE = 64
 

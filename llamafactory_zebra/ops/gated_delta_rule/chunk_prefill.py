@@ -30,7 +30,7 @@ from ..cpu_extension import cpu_kernels
 from ..segments import segment_bounds
 from .checks import compute_dtype, l2norm
 from .chunk import CHUNK_SIZE, _bmm, chunk_decays, chunk_recurrence, wy_inverse
-from .plan import make_chunk_plan
+from .chunk_plan import make_chunk_plan
 
 
 @torch.no_grad()

@@ -12,7 +12,7 @@ import torch
 
 from ..segments import segment_bounds
 from .checks import check_gdn_inputs, compute_dtype, l2norm
-from .plan import make_chunk_plan
+from .chunk_plan import make_chunk_plan
 
 
 def fused_recurrent_gated_delta_rule_torch(

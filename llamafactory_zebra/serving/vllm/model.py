@@ -5,7 +5,7 @@ fused residual add, merged gate/up MLP, ``ParallelLMHead`` + ``LogitsProcessor``
 ``HasInnerState`` so the engine allocates GDN state slots next to the paged attention cache. The mixers
 are in ``mla.py`` and ``gdn.py``.
 
-Loading is strict (``checkpoint_layout``: the keys and shapes follow from the model's own parameters and
+Loading is strict (``checkpoint_entries``: the keys and shapes follow from the model's own parameters and
 ``packed_modules_mapping``, as vLLM's own models declare it): a checkpoint key the layer plan does not
 have, one it lacks, or one of the wrong shape stops the engine before it serves, naming the key. vLLM's
 own loaders would fail on a wrong shape with an assertion that names neither key nor file.
@@ -53,12 +53,12 @@ class CheckpointEntry:
     shape: tuple[int, ...]
 
 
-def checkpoint_layout(model: nn.Module, packed_modules: dict[str, list[str]]) -> dict[str, CheckpointEntry]:
+def checkpoint_entries(model: nn.Module, packed_modules: dict[str, list[str]]) -> dict[str, CheckpointEntry]:
     """Every checkpoint key (transformers' names) the vLLM ``model`` needs and its shape, derived from the
     model's own parameters: a packed parameter (``packed_modules``) expects one key per shard, the shard's
     rows being its layer's ``output_sizes``; an embedding or head its unpadded vocabulary rows."""
     modules = dict(model.named_modules())
-    layout: dict[str, CheckpointEntry] = {}
+    entries: dict[str, CheckpointEntry] = {}
     for name, param in model.named_parameters():
         module_name, _, leaf = name.rpartition(".")
         parent, _, packed = module_name.rpartition(".")
@@ -67,22 +67,24 @@ def checkpoint_layout(model: nn.Module, packed_modules: dict[str, list[str]]) ->
             shape = tuple(param.shape)
             if isinstance(modules[module_name], VocabParallelEmbedding):  # vLLM pads the vocabulary rows
                 shape = (modules[module_name].num_embeddings, *shape[1:])
-            layout[name] = CheckpointEntry(name, None, _checkpoint_shape(shape, singleton))
+            entries[name] = CheckpointEntry(name, None, _checkpoint_shape(shape, singleton))
             continue
         sizes = modules[module_name].output_sizes
         for shard, (part, rows) in enumerate(zip(packed_modules[packed], sizes, strict=True)):
             shape = _checkpoint_shape((rows, *param.shape[1:]), singleton)
-            layout[f"{parent}.{part}.{leaf}"] = CheckpointEntry(name, shard, shape)
-    return layout
+            entries[f"{parent}.{part}.{leaf}"] = CheckpointEntry(name, shard, shape)
+    return entries
 
 
-def _check_layout_against_inventory(layout: dict[str, CheckpointEntry], inventory: dict[str, tuple[int, ...]]) -> None:
+def _check_entries_against_inventory(
+    entries: dict[str, CheckpointEntry], inventory: dict[str, tuple[int, ...]]
+) -> None:
     """The names and shapes a checkpoint must hold are the transformers model's (``inventory.parameter_shapes``,
     the one list); this vLLM model must take exactly those, or its modules or ``PACKED_MODULES`` drifted."""
-    layout_shapes = {name: entry.shape for name, entry in layout.items()}
-    if layout_shapes != inventory:
-        differ = sorted(set(layout_shapes) ^ set(inventory)) or sorted(
-            name for name in inventory if layout_shapes[name] != inventory[name]
+    entry_shapes = {name: entry.shape for name, entry in entries.items()}
+    if entry_shapes != inventory:
+        differ = sorted(set(entry_shapes) ^ set(inventory)) or sorted(
+            name for name in inventory if entry_shapes[name] != inventory[name]
         )
         raise RuntimeError(
             "the vLLM Zebra model does not take the checkpoint the transformers model defines "
@@ -234,8 +236,8 @@ class ZebraForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsLoRA):
         checkpoint's ``lm_head.weight`` is the head whatever the flag says; only a checkpoint that sets the
         flag and omits ``lm_head.weight`` gets the embedding as its head.
         """
-        expected = checkpoint_layout(self, self.packed_modules_mapping)
-        _check_layout_against_inventory(expected, parameter_shapes(self.config))
+        expected = checkpoint_entries(self, self.packed_modules_mapping)
+        _check_entries_against_inventory(expected, parameter_shapes(self.config))
         params = dict(self.named_parameters())
         seen: set[str] = set()
         loaded: set[str] = set()

@@ -1,0 +1,42 @@
+"""The subcommands of ``llamafactory-zebra``: for each, the module that runs it and its one-line help.
+
+Written once, here: ``main`` lists every command from this table without importing the modules (so
+``llamafactory-zebra doctor`` does not pay for importing torch through ``init``), and each module's
+``add_parser(subparsers)`` (which sets ``func``) reads its own help line from it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Subcommand(NamedTuple):
+    module: str
+    help: str
+
+
+SUBCOMMANDS = {
+    "init": Subcommand(
+        "llamafactory_zebra.cli.init_cmd",
+        "write a small random Zebra model and tokenizer (for quickstarts and tests)",
+    ),
+    "convert": Subcommand(
+        "llamafactory_zebra.cli.convert_cmd",
+        "build a Zebra hybrid (MLA + GDN) from a Qwen3 or Llama-3 checkpoint",
+    ),
+    "import": Subcommand(
+        "llamafactory_zebra.cli.import_cmd", "convert a checkpoint in AMD's released layout to a native one"
+    ),
+    "data": Subcommand(
+        "llamafactory_zebra.cli.data_cmd", "inspect how datasets tokenize and pack; list registry datasets"
+    ),
+    "verify": Subcommand(
+        "llamafactory_zebra.cli.verify_cmd",
+        "check by perplexity that a downloaded checkpoint runs with the right MLA convention",
+    ),
+    "doctor": Subcommand("llamafactory_zebra.cli.doctor_cmd", "check the GPU/ROCm/CUDA software environment"),
+    "plan": Subcommand("llamafactory_zebra.cli.plan_cmd", "estimate per-GPU memory of a training YAML"),
+    "eval-long": Subcommand(
+        "llamafactory_zebra.cli.eval_long_cmd", "RULER-style long-context scores of a model from its inference YAML"
+    ),
+}

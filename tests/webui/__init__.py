@@ -1,1 +1,0 @@
-"""Helpers for tests/test_webui_e2e.py: the LlamaBoard server, headless Chromium and a Gradio page driver."""
