@@ -21,27 +21,31 @@ def cpu_step_in_slots(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    decay: torch.Tensor,
+    g: torch.Tensor,
     beta: torch.Tensor,
     state: torch.Tensor,
     state_indices: torch.Tensor,
+    scale: float,
+    use_qk_l2norm_in_kernel: bool,
 ) -> torch.Tensor:
-    """Advance ``state[state_indices[i]]`` by token i in place and return ``o`` ``[N, H, V]`` (fp32).
+    """Advance ``state[state_indices[i]]`` by token i in place and return ``o`` ``[N, H, V]`` in q's dtype.
 
-    ``kernel`` is the built extension (``cpu_kernels()``). q, k ``[N, H, K]`` (normalised, q scaled),
-    v ``[N, H, V]``, decay = exp(g) and beta ``[N, H]``, all fp32; ``state`` fp32 or bf16 ``[slots, H, K, V]``
-    with rows of V contiguous (:func:`cpu_step_fits`)."""
+    ``kernel`` is the built extension (``ops.cpu_kernels()``); the arguments are those of
+    ``fused_recurrent_gated_delta_rule_in_slots``, where :func:`cpu_step_fits` holds: the kernel normalises and
+    scales q and k and takes exp(g) itself."""
     return kernel.gated_delta_step_in_slots(
-        state, state_indices.to(torch.int64).contiguous(), *(t.contiguous() for t in (q, k, v, decay, beta))
-    )
+        state, state_indices.to(torch.int64).contiguous(), q.contiguous(), k.contiguous(), v.to(q.dtype).contiguous(),
+        g.float().contiguous(), beta.float().contiguous(), scale, use_qk_l2norm_in_kernel,
+    )  # fmt: skip
 
 
-def cpu_step_fits(state: torch.Tensor, compute_dtype: torch.dtype) -> bool:
-    """Whether the kernel takes this cache: a CPU fp32 or bf16 state (``--mamba-ssm-cache-dtype``) with rows of
-    V contiguous, computed in fp32."""
+def cpu_step_fits(q: torch.Tensor, state: torch.Tensor) -> bool:
+    """Whether the kernel takes this call: CPU bf16 or fp32 inputs (computed in fp32) on a CPU fp32 or bf16 state
+    (``--mamba-ssm-cache-dtype``) with rows of V contiguous."""
     return (
-        state.device.type == "cpu"
+        q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.bfloat16)
+        and state.device.type == "cpu"
         and state.dtype in (torch.float32, torch.bfloat16)
-        and compute_dtype == torch.float32
         and state.stride(-1) == 1
     )

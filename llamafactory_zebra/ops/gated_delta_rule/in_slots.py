@@ -12,11 +12,11 @@ gated delta rule), so on a GPU the indexed slots are gathered, run through fla's
 back: the contract the package's dispatch already relies on. On a CPU the decode step advances each
 slot in place instead: gathering costs several full copies of every state per token (Zebra's GDN
 state is 6 heads x 256 x 512 in fp32, 3 MB a sequence), each a fresh allocation, and vLLM's own CPU
-kernel for this step refuses Zebra's head sizes. An fp32 state with rows of V contiguous (vLLM's SSM
-cache as the serving layer views it) is stepped by the C++ kernel of ``cpu_step.py``, which reads each
-head's state once for both products and updates it while it is still in cache; elsewhere (another dtype
-or layout, no compiler, ``ZEBRA_CPU_KERNELS=torch``) :func:`_step_in_place` does the same in PyTorch,
-one sequence at a time. What each buys is measured by ``benchmarks/bench_vllm_gdn_cpu.py``
+kernel for this step refuses Zebra's head sizes. bf16 or fp32 inputs on an fp32 or bf16 state with rows
+of V contiguous (vLLM's SSM cache as the serving layer views it) are stepped by the C++ kernel of
+``cpu_step.py``, which normalises q and k itself, reads each head's state once for both products and
+updates it while it is still in cache; elsewhere (fp64, another layout, no compiler,
+``ZEBRA_CPU_KERNELS=torch``) :func:`_step_in_place` does the same in PyTorch, one sequence at a time. What each buys is measured by ``benchmarks/bench_vllm_gdn_cpu.py``
 (``docs/benchmarks.md``, serving).
 
 Per head, with ``S`` the ``[K, V]`` state, q and k already normalised and q scaled::
@@ -112,16 +112,15 @@ def fused_recurrent_gated_delta_rule_in_slots(
         )  # fmt: skip
         state[state_indices] = final.to(state.dtype)
         return o[:, 0]
-    in_dtype, dtype = q.dtype, compute_dtype(q.dtype)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    kernel = cpu_kernels() if cpu_step_fits(q, state) else None
+    if kernel is not None:
+        return cpu_step_in_slots(kernel, q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm_in_kernel)
+    in_dtype, dtype = q.dtype, compute_dtype(q.dtype)
     q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
     if use_qk_l2norm_in_kernel:
         q, k = l2norm(q), l2norm(k)
-    q, decay = q * scale, g.exp()
-    kernel = cpu_kernels() if cpu_step_fits(state, dtype) else None
-    if kernel is not None:
-        return cpu_step_in_slots(kernel, q, k, v, decay, beta, state, state_indices).to(in_dtype)
-    return _step_in_place(q, k, v, decay, beta, state, state_indices.tolist()).to(in_dtype)
+    return _step_in_place(q * scale, k, v, g.exp(), beta, state, state_indices.tolist()).to(in_dtype)
 
 
 def _step_in_place(q, k, v, decay, beta, state, slots) -> torch.Tensor:
