@@ -12,10 +12,8 @@ from .in_slots import (
     fused_recurrent_gated_delta_rule_in_slots,
 )
 from .naive import naive_recurrent_gated_delta_rule
-from .torch_path import TORCH_CHUNK_ENV_VAR, torch_chunk_function
 
 __all__ = [
-    "TORCH_CHUNK_ENV_VAR",
     "chunk_gated_delta_rule_in_slots",
     "cpu_has_bf16_dot_products",
     "cpu_step_kernel",
@@ -27,5 +25,4 @@ __all__ = [
     "fused_recurrent_gated_delta_rule_torch",
     "gdn_gates",
     "naive_recurrent_gated_delta_rule",
-    "torch_chunk_function",
 ]
