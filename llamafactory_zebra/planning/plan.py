@@ -101,7 +101,7 @@ class MemoryPlan:
     states: ModelStates
     activations: ActivationEstimate
     packing_mask: float
-    """Packing on a dense-mask kernel (``attention_policy.packed_attention_kernel``; for sdpa only when
+    """Packing on a dense-mask kernel (``kernels.packed_attention_kernel``; for sdpa only when
     ``ZEBRA_PACKED_SDPA=dense_mask``): the ``[B, 1, T, T]`` boolean block-diagonal mask the model builds."""
     unfused_logits_peak: float
     fused_logits_peak: float
