@@ -30,7 +30,9 @@ def test_one_record_per_name():
 def test_changed_signature_is_reported_with_the_disable_hint():
     fake = ModuleType("llamafactory.train.tuner")
     fake.run_exp = lambda args, extra: None
-    with pytest.raises(seam.UpstreamSeamChanged, match=r"run_exp now takes \('args', 'extra'\).*LLAMAFACTORY_ZEBRA_DISABLE"):
+    with pytest.raises(
+        seam.UpstreamSeamChanged, match=r"run_exp now takes \('args', 'extra'\).*LLAMAFACTORY_ZEBRA_DISABLE"
+    ):
         seams.install(fake)
 
 

@@ -141,13 +141,14 @@ def test_the_torch_calls_behind_the_amx_request_exist(name):
 
 
 def test_register_asks_for_amx_tiles_where_the_cpu_has_them(monkeypatch):
+    from llamafactory_zebra.kernels.stack import Stack
     from llamafactory_zebra.serving.vllm import amx
 
     calls = []
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    monkeypatch.setattr(amx, "this_machine", lambda: Stack("cpu", cpu_features=frozenset({"amx_tile"})))
     monkeypatch.setattr(torch.cpu, "_init_amx", lambda: calls.append("init") or True)
     register()
     assert calls == ["init"]
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(amx, "this_machine", lambda: Stack("cpu", cpu_features=frozenset({"avx512_bf16"})))
     assert amx.request_amx_tiles() is False
     assert calls == ["init"]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..kernels import NOTE, STOP, Resolution, detect_stack, fla_missing_message, resolve, this_machine
-from ..kernels.stack import gpu_inventory, vendor_gpus_present
+from ..kernels.stack import gpu_inventory, numa_balancing, vendor_gpus_present
 from .rocm_settings import rocm_env_file, rocm_settings
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -54,6 +54,7 @@ class Machine:
     nvidia_gpus_present: bool
     gpu_bf16: bool = False  # the first GPU computes in bf16
     built_for: tuple[str, ...] = ()  # the GPU architectures this torch build has kernels for
+    numa_balancing: bool | None = None  # the kernel's NUMA balancing (None: unknown)
 
     @property
     def has_gpu(self) -> bool:
@@ -74,6 +75,7 @@ def inspect_machine() -> Machine:
         nvidia_gpus_present=nvidia,
         gpu_bf16=gpus.bf16,
         built_for=gpus.built_for,
+        numa_balancing=numa_balancing(),
     )
 
 
@@ -266,12 +268,8 @@ def check_collective_env(m: Machine) -> Check:
         return Check("RCCL/NCCL env", WARN, f"no recommended settings for {', '.join(m.gpu_archs) or 'no GPU'}")
     missing = [f"{k}={v}" for k, v in rocm_settings(arch).items() if os.environ.get(k) != v]
     problems = [f"unset or different: {', '.join(missing)}"] if missing else []
-    try:
-        with open("/proc/sys/kernel/numa_balancing", encoding="utf-8") as f:
-            if f.read().strip() != "0":
-                problems.append("NUMA balancing is on (sudo sysctl kernel.numa_balancing=0)")
-    except OSError:
-        pass
+    if m.numa_balancing:
+        problems.append("NUMA balancing is on (sudo sysctl kernel.numa_balancing=0)")
     if int(os.environ.get("NNODES", "1")) > 1 and "NCCL_SOCKET_IFNAME" not in os.environ:
         problems.append("multi-node without NCCL_SOCKET_IFNAME")
     if problems:

@@ -8,7 +8,8 @@ or crash, and kernel resolution must run before anything heavy). :func:`detect_s
 *choice* reads: this machine, or the one :data:`FAKE_STACK_ENV_VAR` describes (JSON, see
 :func:`stack_from_json`) for tests and diagnosis. Code that *acts* on the hardware (moves a model to the
 GPU, asks Linux for AMX tiles) reads :func:`this_machine`, never a fake. ``doctor``'s wider look
-(every GPU, the vendor tools, bf16 support) is :func:`gpu_inventory` and :func:`vendor_gpus_present`.
+(every GPU, the vendor tools, bf16 support, NUMA balancing) is :func:`gpu_inventory`,
+:func:`vendor_gpus_present` and :func:`numa_balancing`.
 """
 
 from __future__ import annotations
@@ -252,6 +253,15 @@ def _tool_output(command: list[str]) -> str:
         return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
+
+
+def numa_balancing() -> bool | None:
+    """Whether the kernel balances memory across NUMA nodes (AMD advises it off for training); None: unknown."""
+    try:
+        with open("/proc/sys/kernel/numa_balancing", encoding="utf-8") as f:
+            return f.read().strip() != "0"
+    except OSError:
+        return None
 
 
 def vendor_gpus_present() -> tuple[bool, bool]:
