@@ -58,6 +58,7 @@ from llamafactory_zebra.kernels import (
     packed_attention_kernel,
     resolve,
 )
+from llamafactory_zebra.kernels.stack import DISTRIBUTIONS
 from llamafactory_zebra.loss import fused_causal_lm_loss
 from llamafactory_zebra.packing import block_causal_mask, segment_ids_from_position_ids
 from llamafactory_zebra.planning.plan import TrainingSetup, make_plan
@@ -204,16 +205,7 @@ class Report:
 
 def versions_row(device: str) -> list[dict[str, str]]:
     found = []
-    for dist in (
-        "torch",
-        "triton",
-        "pytorch-triton-rocm",
-        "fla-core",
-        "tilelang",
-        "flash-attn",
-        "liger-kernel",
-        "transformers",
-    ):
+    for dist in (*DISTRIBUTIONS, "transformers"):
         try:
             found.append(f"{dist} {importlib.metadata.version(dist)}")
         except importlib.metadata.PackageNotFoundError:

@@ -15,6 +15,9 @@ from llamafactory_zebra.kernels.workarounds import fla_stage_cap, triton_cache_p
 AUTOTUNE = "fla-rocm-autotune-stages"
 VERSIONS = {"torch": "2.10.0+rocm7.1", "pytorch-triton-rocm": "3.5.0", "fla-core": "0.6.0"}
 MI300X = Stack("rocm", "AMD Instinct MI300X", (9, 4), "gfx942", VERSIONS, toolkit="ROCm 7.1")
+FAKE_MI300X = json.dumps(
+    {"device": "rocm", "capability": [9, 4], "arch": "gfx942", "name": "AMD Instinct MI300X", "versions": VERSIONS}
+)
 
 
 @pytest.fixture(autouse=True)
@@ -45,14 +48,7 @@ def test_training_on_rocm_notes_both_workarounds_and_stops_nothing():
 
 
 def test_doctor_names_the_workarounds_on_a_faked_mi300x(monkeypatch):
-    fake = {
-        "device": "rocm",
-        "capability": [9, 4],
-        "arch": "gfx942",
-        "name": "AMD Instinct MI300X",
-        "versions": VERSIONS,
-    }
-    monkeypatch.setenv(FAKE_STACK_ENV_VAR, json.dumps(fake))
+    monkeypatch.setenv(FAKE_STACK_ENV_VAR, FAKE_MI300X)
     check = doctor.check_kernels(doctor.inspect_machine(), training=True)
     assert check.status == doctor.OK
     assert "NOTE: Triton's autotuning of fla kernels with num_stages >= 3" in check.detail
@@ -85,14 +81,7 @@ def test_each_rank_of_a_rocm_run_gets_its_own_triton_cache(tmp_path):
 def test_the_training_preflight_sets_the_cache_before_the_model_loads(monkeypatch, tmp_path):
     from llamafactory_zebra.integration import kernel_choice
 
-    fake = {
-        "device": "rocm",
-        "capability": [9, 4],
-        "arch": "gfx942",
-        "name": "AMD Instinct MI300X",
-        "versions": VERSIONS,
-    }
-    monkeypatch.setenv(FAKE_STACK_ENV_VAR, json.dumps(fake))
+    monkeypatch.setenv(FAKE_STACK_ENV_VAR, FAKE_MI300X)
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))

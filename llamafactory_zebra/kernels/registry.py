@@ -337,20 +337,15 @@ def _fla_because(stack: Stack) -> str:
     return f"{installed} on {stack.device.upper()}"
 
 
+def _triton(op: str, family: str, label: str, requires: str, **predicates) -> Kernel:
+    """A Triton entry (fla's, Liger's): first choice for GPU tensors; CPU ones only when demanded, under
+    Triton's interpreter."""
+    predicates = {"needs": _triton_needs, "fits": _triton_fits} | predicates
+    return Kernel(op, family, label, family, 0, requires=requires, auto=_gpu_call, **predicates)
+
+
 def _fla(op: str, label: str) -> Kernel:
-    return Kernel(
-        op,
-        FLA,
-        label,
-        FLA,
-        0,
-        requires="fla-core",
-        needs=_triton_needs,
-        fits=_triton_fits,
-        auto=_gpu_call,
-        because=_fla_because,
-        missing_warning=FLA_MISSING,
-    )
+    return _triton(op, FLA, label, "fla-core", because=_fla_because, missing_warning=FLA_MISSING)
 
 
 def _linux_compiler(stack: Stack) -> str | None:
@@ -410,16 +405,12 @@ def _fused(wanted: bool) -> Callable[[Call], str | None]:
 
 
 def _liger(op: str, label: str) -> Kernel:
-    return Kernel(
+    return _triton(
         op,
         LIGER,
         label,
-        LIGER,
-        0,
-        requires="liger-kernel",
-        needs=_triton_needs,
+        "liger-kernel",
         fits=lambda call: _fused(True)(call) or _triton_fits(call),
-        auto=_gpu_call,
         because=lambda stack: f"liger-kernel {stack.version('liger-kernel')}",
     )
 

@@ -45,6 +45,7 @@ per-token scale is fixed).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -134,45 +135,43 @@ def eager_attention_forward(
     return output, weights
 
 
-def _check_borders(cu_seq_lens_q: torch.Tensor | None, attention_mask: torch.Tensor | None) -> None:
-    if cu_seq_lens_q is None or attention_mask is not None:
-        raise ValueError("packed sdpa attention takes the samples' borders (cu_seq_lens_q) and no attention mask")
+def _on_the_borders(kernel: Callable) -> Callable:
+    """A transformers attention function for packed rows that runs ``kernel(query, key, value, cu_seqlens,
+    scale, dropout)`` on the samples' borders (``cu_seq_lens_q``, as FlashAttention's varlen path takes them)
+    instead of a ``T x T`` mask (``ops/packed_attention.py``). Same contract as transformers' functions."""
+
+    @functools.wraps(kernel)
+    def attention(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        scaling: float,
+        dropout: float = 0.0,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        if cu_seq_lens_q is None or attention_mask is not None:
+            raise ValueError("packed sdpa attention takes the samples' borders (cu_seq_lens_q) and no attention mask")
+        return kernel(query, key, value, cu_seq_lens_q, scaling, dropout), None
+
+    return attention
 
 
-def flex_sdpa_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    cu_seq_lens_q: torch.Tensor | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """Packed rows through ``flex_attention`` on the samples' borders (``cu_seq_lens_q``, as FlashAttention's
-    varlen path takes them) instead of a ``T x T`` mask (``ops/packed_attention.py``). Same contract as
-    transformers' attention functions."""
-    _check_borders(cu_seq_lens_q, attention_mask)
+def _flex_without_dropout(query, key, value, cu_seqlens, scale, dropout):
     if dropout:
         raise ValueError(f"attention_dropout={dropout} on packed rows: flex_attention has no dropout; set it to 0")
-    return flex_packed_attention(query, key, value, cu_seq_lens_q, scaling), None
+    return flex_packed_attention(query, key, value, cu_seqlens, scale)
 
 
-def per_segment_sdpa_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    cu_seq_lens_q: torch.Tensor | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """Packed rows as one causal sdpa call per sample, on the samples' borders (see :func:`flex_sdpa_attention`)."""
-    _check_borders(cu_seq_lens_q, attention_mask)
-    return per_segment_sdpa(query, key, value, cu_seq_lens_q, scaling, dropout), None
+def _per_segment(query, key, value, cu_seqlens, scale, dropout):
+    return per_segment_sdpa(query, key, value, cu_seqlens, scale, dropout)
+
+
+# Packed rows through ``flex_attention`` with a block mask, or as one causal sdpa call per sample.
+flex_sdpa_attention = _on_the_borders(_flex_without_dropout)
+per_segment_sdpa_attention = _on_the_borders(_per_segment)
 
 
 # The registry's ``attention`` keys → the function a packed row's attention calls (the dense mask: the
