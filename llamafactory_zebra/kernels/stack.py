@@ -75,9 +75,8 @@ class Stack:
     toolkit: str | None = None  # the GPU toolkit torch is built for: "CUDA 13.0", "ROCm 6.4" (None: a CPU build)
     faked: bool = False
 
-    def __hash__(self) -> int:  # ``versions`` is a dict: hashed by its items (kernel choice caches per stack)
-        return hash((self.device, self.name, self.capability, self.arch, tuple(sorted(self.versions.items())),
-                     self.cpu_features, self.compiler, self.platform, self.toolkit, self.faked))  # fmt: skip
+    def __hash__(self) -> int:  # ``versions`` is a dict: hashed by its items, once (kernel choice caches per stack)
+        return self._hash
 
     def __post_init__(self) -> None:
         if self.device not in DEVICES:
@@ -85,6 +84,9 @@ class Stack:
         unknown = set(self.cpu_features) - set(CPU_FEATURES)
         if unknown:
             raise ValueError(f"cpu_features {sorted(unknown)} are not among {', '.join(CPU_FEATURES)}")
+        fields = (self.device, self.name, self.capability, self.arch, tuple(sorted(self.versions.items())))
+        fields += (self.cpu_features, self.compiler, self.platform, self.toolkit, self.faked)
+        object.__setattr__(self, "_hash", hash(fields))
 
     @property
     def has_gpu(self) -> bool:
