@@ -6,7 +6,8 @@ and the training preflight logs) names a registry key; the op is then called the
 serving layer call it, on inputs of that machine's device, and every implementation the op could run is
 replaced by a spy that records its key. On the CPU the spies call through (real tensors, real kernels);
 for a faked GPU the inputs are ``FakeTensorMode`` tensors on ``cuda`` (shapes and dtypes, no data), so the
-spies return outputs of the right shape. The machine is faked the documented way, ``ZEBRA_FAKE_STACK``.
+spies return outputs of the right shape (in a forked child: see :func:`on_the_machine`). The machine is
+faked the documented way, ``ZEBRA_FAKE_STACK``.
 
 The serving ops of ``ops/gated_delta_rule/in_slots.py`` do not ask the registry yet (phase 2 of issue 36):
 on the CPU the test calls them and checks the branch they take against the registry's row; on a faked
@@ -21,7 +22,11 @@ import dataclasses
 import functools
 import importlib
 import json
+import multiprocessing
+import traceback
 import types
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -131,17 +136,33 @@ def spies(monkeypatch, owner, table_name: str, call_through: bool, fake_output) 
     return called
 
 
-def device_inputs(stack: Stack):
-    """Inputs on ``stack``'s device: real CPU tensors, or fake CUDA ones (the context to create them in)."""
-    return FakeTensorMode(allow_non_fake_inputs=True) if stack.has_gpu else _no_context()
+def on_the_machine(stack: Stack, run: Callable[[str], Any]) -> Any:
+    """``run(device)`` with the machine's inputs: in this process for a CPU; for a faked GPU in a forked child,
+    under ``FakeTensorMode`` (a fake CUDA tensor makes every later fork's backward fail, ``Autograd-and-Fork``,
+    so the test process never makes one). The spies and switches set up here reach the child with the fork."""
+    if not stack.has_gpu:
+        return run("cpu")
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_faked_gpu, args=(run, send))
+    child.start()
+    send.close()
+    if not receive.poll(300):
+        child.kill()
+        raise TimeoutError("the faked-GPU child gave no answer in 300 s")
+    failed, result = receive.recv()
+    child.join(60)
+    if failed:
+        raise AssertionError(f"in the faked-GPU child:\n{result}")
+    return result
 
 
-class _no_context:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
+def _faked_gpu(run: Callable[[str], Any], send) -> None:
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            send.send((False, run("cuda")))
+    except BaseException:
+        send.send((True, traceback.format_exc()))
 
 
 def _gdn_inputs(device: str, tokens: int = 70, heads: int = 2, dim: int = 16):
@@ -152,26 +173,28 @@ def _gdn_inputs(device: str, tokens: int = 70, heads: int = 2, dim: int = 16):
     return [t.to(torch.bfloat16) if t.ndim == 4 else t for t in (q, k, v)] + [g, beta]
 
 
-def _device(stack: Stack) -> str:
-    return "cuda" if stack.has_gpu else "cpu"
-
-
 def _gdn_fake_output(q, k, v, g, beta, **options):
     return torch.empty_like(v), torch.empty(q.shape[0], q.shape[2], q.shape[3], v.shape[3], device=q.device)
 
 
 def test_gdn_chunk(machine, monkeypatch):
     called = spies(monkeypatch, dispatch, "CHUNK_IMPLEMENTATIONS", not machine.has_gpu, _gdn_fake_output)
-    with device_inputs(machine):
-        dispatch.chunk_gated_delta_rule(*_gdn_inputs(_device(machine)), output_final_state=True)
-    assert called == [doctor_row(machine, GDN_CHUNK)]
+
+    def run(device):
+        dispatch.chunk_gated_delta_rule(*_gdn_inputs(device), output_final_state=True)
+        return called
+
+    assert on_the_machine(machine, run) == [doctor_row(machine, GDN_CHUNK)]
 
 
 def test_gdn_recurrent(machine, monkeypatch):
     called = spies(monkeypatch, dispatch, "RECURRENT_IMPLEMENTATIONS", not machine.has_gpu, _gdn_fake_output)
-    with device_inputs(machine):
-        dispatch.fused_recurrent_gated_delta_rule(*_gdn_inputs(_device(machine), tokens=1), output_final_state=True)
-    assert called == [doctor_row(machine, GDN_RECURRENT)]
+
+    def run(device):
+        dispatch.fused_recurrent_gated_delta_rule(*_gdn_inputs(device, tokens=1), output_final_state=True)
+        return called
+
+    assert on_the_machine(machine, run) == [doctor_row(machine, GDN_RECURRENT)]
 
 
 def test_conv_over_sequences_and_decode_steps(machine, monkeypatch):
@@ -181,12 +204,14 @@ def test_conv_over_sequences_and_decode_steps(machine, monkeypatch):
     step = spies(
         monkeypatch, conv_module, "STEP_IMPLEMENTATIONS", not machine.has_gpu, lambda x, state, *a: (x, state)
     )
-    device = _device(machine)
-    with device_inputs(machine):
+
+    def run(device):
         x, weight = torch.randn(1, 9, 8, device=device), torch.randn(8, 4, device=device)
         conv_module.causal_conv1d(x, weight)
         conv_module.causal_conv1d_update(x[:, 0], torch.zeros(1, 8, 4, device=device), weight)
-    assert sequence == step == [doctor_row(machine, CONV)]
+        return sequence, step
+
+    assert on_the_machine(machine, run) == ([doctor_row(machine, CONV)], [doctor_row(machine, CONV)])
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
@@ -200,16 +225,18 @@ def test_packed_attention(machine, implementation):
     model = tiny_model(dtype=torch.float32, attn_implementation=implementation)
     layer = next(layer.mla for layer in model.model.layers if hasattr(layer, "mla"))
     key = doctor_row(machine, ATTENTION, attn_implementation=implementation)
-    with device_inputs(machine):
-        query = torch.empty(1, 4, 8, 32, device=_device(machine))
-        function = layer.attention_function(True, query)
-        borders = registry.packed_attention_kernel(implementation, query.device.type) in BORDER_KERNELS
     expected = mla.PACKED_ATTENTION_FUNCTIONS[key]
     if expected is None:  # the dense mask: the model's own attention function reads it
         expected = (
             mla.eager_attention_forward if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
         )
-    assert function is expected and borders == (key in BORDER_KERNELS)
+
+    def run(device):
+        query = torch.empty(1, 4, 8, 32, device=device)
+        borders = registry.packed_attention_kernel(implementation, query.device.type) in BORDER_KERNELS
+        return layer.attention_function(True, query) is expected, borders
+
+    assert on_the_machine(machine, run) == (True, key in BORDER_KERNELS)
 
 
 def test_flash_attention_with_flash_attn_installed(monkeypatch):
@@ -222,9 +249,12 @@ def test_flash_attention_with_flash_attn_installed(monkeypatch):
     model = tiny_model(attn_implementation="sdpa")
     model.config._attn_implementation = "flash_attention_2"  # flash-attn itself is not installed here
     layer = next(layer.mla for layer in model.model.layers if hasattr(layer, "mla"))
-    with FakeTensorMode():
-        function = layer.attention_function(True, torch.empty(1, 4, 8, 32, device="cuda"))
-    assert row.key == "flash_varlen" and function is mla.PACKED_ATTENTION_FUNCTIONS[row.key]
+    expected = mla.PACKED_ATTENTION_FUNCTIONS[row.key]
+
+    def run(device):
+        return layer.attention_function(True, torch.empty(1, 4, 8, 32, device=device)) is expected
+
+    assert row.key == "flash_varlen" and on_the_machine(stack, run)
 
 
 def test_fused_loss(machine, monkeypatch):
@@ -234,13 +264,15 @@ def test_fused_loss(machine, monkeypatch):
     called = spies(monkeypatch, loss, "FUSED_LOSS_SUMS", False, lambda hidden, *a, **k: hidden.float().sum())
     model = tiny_model(dtype=torch.float32)
     predicted = model.enable_fused_cross_entropy("auto")
-    with device_inputs(machine):
-        device = _device(machine)
+
+    def run(device):
         hidden = torch.randn(1, 8, model.config.hidden_size, device=device, dtype=torch.bfloat16)
         weight = torch.randn(model.config.vocab_size, model.config.hidden_size, device=device, dtype=torch.bfloat16)
         labels = torch.zeros(1, 8, dtype=torch.long, device=device)
         loss.fused_causal_lm_loss(hidden, weight, labels, backend=model.loss_kernel(registry.Call.of(hidden)))
-    assert called == [doctor_row(machine, LOSS)] == [predicted]
+        return called
+
+    assert on_the_machine(machine, run) == [doctor_row(machine, LOSS)] == [predicted]
 
 
 def test_distillation_loss(machine, monkeypatch):
@@ -249,13 +281,20 @@ def test_distillation_loss(machine, monkeypatch):
     called = []
     monkeypatch.setattr(kd_loss, "_liger_kd_loss_sums", lambda *a: called.append("liger") or (None, None, None))
     monkeypatch.setattr(kd_loss._ChunkedLinearKD, "apply", lambda *a: called.append("chunked") or (None, None, None))
-    with device_inputs(machine):
-        device = _device(machine)
+
+    def run(device):
         hidden, weight = torch.randn(6, 8, device=device), torch.randn(11, 8, device=device)
         targets = torch.zeros(6, dtype=torch.long, device=device)
         backend = kd_loss.distillation_kernel(registry.Call.of(hidden))
         kd_loss.kd_loss_sums(hidden, weight, hidden, weight, targets, backend=backend)
-    assert called == [doctor_row(machine, DISTILLATION_LOSS)]
+        return called
+
+    assert on_the_machine(machine, run) == [doctor_row(machine, DISTILLATION_LOSS)]
+
+
+def _serving_runs_fla(device: str) -> bool:
+    """The one decision the serving ops make for GPU tensors (they ask ``ops.backend.fla_ops``)."""
+    return in_slots.fla_ops(torch.empty(1, device=device), "fla.ops.gated_delta_rule") is not None
 
 
 def _slot_inputs(tokens: int, dtype: torch.dtype):
@@ -269,8 +308,7 @@ def _slot_inputs(tokens: int, dtype: torch.dtype):
 
 def test_serving_prefill_in_slots(machine, monkeypatch):
     if machine.has_gpu:  # the serving op's one decision for GPU tensors (phase 2: it asks the registry itself)
-        with FakeTensorMode():
-            fla = in_slots.fla_ops(torch.empty(1, device="cuda"), "fla.ops.gated_delta_rule") is not None
+        fla = on_the_machine(machine, _serving_runs_fla)
         assert fla == (doctor_row(machine, GDN_PREFILL_IN_SLOTS) == "fla")
         return
     called: list[str] = []
@@ -320,8 +358,7 @@ def test_serving_decode_step(name, monkeypatch):
     monkeypatch.setattr(registry, "_unusable", {})
     registry._select.cache_clear()
     if stack.has_gpu:
-        with FakeTensorMode():
-            fla = in_slots.fla_ops(torch.empty(1, device="cuda"), "fla.ops.gated_delta_rule") is not None
+        fla = on_the_machine(stack, _serving_runs_fla)
         assert fla == (doctor_row(stack, GDN_DECODE_STEP) == "fla")
         return
     assert _decode_step(stack, monkeypatch) == [doctor_row(stack, GDN_DECODE_STEP)]

@@ -327,10 +327,23 @@ def test_inference_entry_points_get_the_wrapped_parser_and_log_without_stopping(
     assert "pip install fla-core" in warning and "0.19x / 0.33x" in warning
 
 
+def _fla_that_does_not_import_on_a_gpu_tensor(device: str) -> tuple[list[str], str, str, bool]:
+    """Two calls on a (faked) GPU tensor, doctor's row after them, and a call on a CPU tensor."""
+    from llamafactory_zebra.ops import backend
+
+    warnings = []
+    resolve_module.logger.warning = warnings.append
+    gpu_tensor = torch.empty(2, device=device)
+    results = [backend.fla_ops(gpu_tensor, "fla.ops.gated_delta_rule") for _ in range(2)]
+    row = resolve(detect_stack(), training=False).choice("GDN chunk")
+    cpu = backend.fla_ops(torch.empty(2, device="cpu"), "fla.ops.gated_delta_rule")
+    return warnings, row.family, row.reason, results == [None, None] and cpu is None
+
+
 def test_auto_on_a_gpu_tensor_whose_fla_does_not_import_warns_once_and_takes_pytorch(monkeypatch):
     """``ops/backend.py``: fla installed (per its metadata) but not importing falls back to PyTorch with one
     warning, and from then on the registry (``resolve`` included) says so. A faked CUDA tensor: no GPU here."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from test_kernel_matrix import on_the_machine
 
     from llamafactory_zebra.ops import backend
 
@@ -338,18 +351,9 @@ def test_auto_on_a_gpu_tensor_whose_fla_does_not_import_warns_once_and_takes_pyt
     monkeypatch.setattr(resolve_module, "_unusable", {})
     monkeypatch.setenv(FAKE_STACK_ENV_VAR, json.dumps(H200_TRITON_36))
     monkeypatch.setattr(backend, "fla_module", lambda module: None)
-    warnings = []
-    monkeypatch.setattr(resolve_module.logger, "warning", warnings.append)
     resolve_module._select.cache_clear()
-    try:
-        with FakeTensorMode():
-            gpu_tensor = torch.empty(2, device="cuda")
-            assert backend.fla_ops(gpu_tensor, "fla.ops.gated_delta_rule") is None
-            assert backend.fla_ops(gpu_tensor, "fla.ops.gated_delta_rule") is None
-        (warning,) = warnings
-        assert "pip install fla-core" in warning and "0.19x / 0.33x" in warning
-        row = resolve(detect_stack(), training=False).choice("GDN chunk")
-        assert row.family == "torch" and "does not load here" in row.reason
-        assert backend.fla_ops(torch.empty(2), "fla.ops.gated_delta_rule") is None and len(warnings) == 1
-    finally:
-        resolve_module._select.cache_clear()
+    gpu = Stack("cuda", "NVIDIA H200", (9, 0), "sm_90", H200_TRITON_36["versions"])
+    warnings, family, reason, all_pytorch = on_the_machine(gpu, _fla_that_does_not_import_on_a_gpu_tensor)
+    (warning,) = warnings
+    assert "pip install fla-core" in warning and "0.19x / 0.33x" in warning
+    assert family == "torch" and "does not load here" in reason and all_pytorch
