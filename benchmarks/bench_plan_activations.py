@@ -54,7 +54,7 @@ def main() -> None:
     print("-" * len(header))
     for label, checkpointing, fused in SETUPS:
         config, model = tiny_model(checkpointing, fused)
-        kernels = Kernels(attention="sdpa", gdn="torch", loss="chunked" if fused else "unfused")
+        kernels = Kernels(attention="sdpa", gdn="torch", loss="chunked" if fused else "logits")
         parameter_grads = sum(p.numel() * p.element_size() for p in model.parameters())
         for length in args.lengths:
             ids = torch.randint(0, config.vocab_size, (1, length))

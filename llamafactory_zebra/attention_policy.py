@@ -3,7 +3,8 @@
 One table, asked by everything else: the model (how packed rows reach the kernel), sequence
 parallelism, the distillation teacher, the memory planner, the training guards, the planner's YAML
 reader and ``llamafactory-zebra doctor``. A rule module like ``packing.py``: it imports nothing from
-the package, so every folder may ask it.
+the package, so every folder may ask it. Which packed-row kernel a call runs is the kernel registry's
+``attention`` op (``kernels/registry.py``, ``packed_attention_kernel``), whose entries are named here.
 
 Names are transformers' ``attn_implementation`` values. How packed rows (several samples in one row,
 ``packing.py``) run on each:
@@ -12,7 +13,8 @@ Names are transformers' ``attn_implementation`` values. How packed rows (several
   (``packing.flash_varlen_kwargs``), no mask;
 - ``sdpa``: PyTorch's own kernels with the same borders and no mask (``ops/packed_attention.py``):
   compiled ``flex_attention`` with a block mask built from the borders on CUDA/ROCm GPUs, one causal
-  ``scaled_dot_product_attention`` call per sample elsewhere. Memory grows linearly with the row;
+  ``scaled_dot_product_attention`` call per sample elsewhere (``ZEBRA_PACKED_SDPA`` forces one, or the
+  dense mask: ``kernels/switches.py``). Memory grows linearly with the row;
 - ``eager``: the dense ``[B, 1, T, T]`` block-causal mask (``packing.block_causal_mask``). eager is the
   plain reference the other paths are tested against, and it builds ``T x T`` scores anyway.
 
@@ -20,8 +22,6 @@ Any other ``attn_implementation`` someone registered with transformers also gets
 """
 
 from __future__ import annotations
-
-import os
 
 EAGER = "eager"
 SDPA = "sdpa"
@@ -31,23 +31,13 @@ FLASH_ATTENTION_3 = "flash_attention_3"
 ATTENTION_IMPLEMENTATIONS = (EAGER, SDPA, FLASH_ATTENTION_2, FLASH_ATTENTION_3)
 FLASH_ATTENTION_BACKENDS = (FLASH_ATTENTION_2, FLASH_ATTENTION_3)
 
-# How packed rows run (what ``packed_attention_kernel`` returns).
+# How packed rows run: the registry's ``attention`` entries (``kernels.packed_attention_kernel`` returns one).
 PACKED_FLASH_VARLEN = "flash_varlen"
 PACKED_FLEX = "flex_block_mask"
 PACKED_PER_SEGMENT_SDPA = "sdpa_per_segment"
 PACKED_DENSE_MASK = "dense_mask"
 # Kernels that take the samples' borders (``cu_seq_lens_q/k``) instead of a mask.
 BORDER_KERNELS = (PACKED_FLASH_VARLEN, PACKED_FLEX, PACKED_PER_SEGMENT_SDPA)
-
-# ``ZEBRA_PACKED_SDPA=auto|flex|per_segment|dense_mask`` forces sdpa's packed-row kernel: the flex path
-# has not yet run on a GPU in this project's tests (docs/gpu.md), so a user can step around it.
-PACKED_SDPA_ENV_VAR = "ZEBRA_PACKED_SDPA"
-_PACKED_SDPA_CHOICES = {
-    "auto": None,
-    "flex": PACKED_FLEX,
-    "per_segment": PACKED_PER_SEGMENT_SDPA,
-    "dense_mask": PACKED_DENSE_MASK,
-}
 
 # What the memory planner models (``planning/activations.py``): kernels that save q, k, v, output and
 # log-sum-exp for backward. eager keeps a T x T score matrix per head.
@@ -108,27 +98,3 @@ def distill_teacher_attention(student_attention: str | None) -> str:
     ('flash_attention_2', 'sdpa', 'sdpa')
     """
     return student_attention if student_attention in DISTILL_TEACHER_ATTENTION else SDPA
-
-
-def packed_attention_kernel(attn_implementation: str | None, device_type: str) -> str:
-    """What MLA attention runs on for packed rows, given the model's ``attn_implementation`` and the
-    device type of its tensors (``"cuda"`` also on ROCm); the one place this choice is made.
-
-    >>> packed_attention_kernel("flash_attention_2", "cuda"), packed_attention_kernel("eager", "cpu")
-    ('flash_varlen', 'dense_mask')
-    >>> packed_attention_kernel("sdpa", "cuda"), packed_attention_kernel("sdpa", "cpu")
-    ('flex_block_mask', 'sdpa_per_segment')
-    """
-    if attn_implementation in FLASH_ATTENTION_BACKENDS:
-        return PACKED_FLASH_VARLEN
-    if attn_implementation != SDPA:
-        return PACKED_DENSE_MASK
-    choice = os.environ.get(PACKED_SDPA_ENV_VAR, "auto").strip().lower() or "auto"
-    if choice not in _PACKED_SDPA_CHOICES:
-        raise ValueError(
-            f"{PACKED_SDPA_ENV_VAR}={choice!r} is not valid; use one of {', '.join(_PACKED_SDPA_CHOICES)}."
-        )
-    forced = _PACKED_SDPA_CHOICES[choice]
-    if forced is not None:
-        return forced
-    return PACKED_FLEX if device_type == "cuda" else PACKED_PER_SEGMENT_SDPA

@@ -2,9 +2,9 @@
 
 At 1M tokens the logits alone are 1M × 151936 values. On GPU Liger's fused linear cross-entropy
 (Triton) avoids them; Liger cannot run where Triton cannot (CPU), and LLaMA-Factory's
-``enable_liger_kernel`` does not know the ``zebra`` model type, so this module provides both backends
-behind one switch: Liger's kernel when it can run, and a chunked PyTorch function with the same
-contract otherwise.
+``enable_liger_kernel`` does not know the ``zebra`` model type, so this module provides both
+implementations with one contract: Liger's kernel and a chunked PyTorch function. Which one runs is the
+kernel registry's ``loss`` op (``kernels/registry.py``), asked by the model at each training forward.
 
 The chunked function computes the gradients of each token chunk during the forward pass (as Liger
 does) and scales them by the incoming gradient in backward, so memory is one chunk of logits plus
@@ -20,6 +20,9 @@ import torch.nn.functional as F
 # IGNORE_INDEX``, PyTorch's cross-entropy default). Spelled out, not imported: the model code stays importable
 # without LLaMA-Factory's import chain; tests/ops/test_loss.py checks the two agree.
 IGNORE_INDEX = -100
+# The loss families, one name each everywhere (the kernel registry, the model, distillation, the planner,
+# doctor): Liger's fused kernels, this module's chunked PyTorch functions, and full-vocabulary logits.
+LIGER, CHUNKED, LOGITS = "liger", "chunked", "logits"
 # One chunk of fp32 logits stays at or below this many elements (64 MiB): 64 tokens for Qwen3's 151,936 vocab.
 CHUNK_LOGIT_ELEMENTS = 1 << 24
 
@@ -85,15 +88,17 @@ def chunked_linear_cross_entropy_sum(
     return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, ignore_index, chunk_tokens)
 
 
-def liger_can_run() -> bool:
-    """Liger's kernels are Triton: they need a GPU (CUDA or ROCm) and the package."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import liger_kernel.transformers.fused_linear_cross_entropy  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def liger_linear_cross_entropy_sum(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int | None = None
+) -> torch.Tensor:
+    """Liger's fused linear cross-entropy, summed (``chunk_tokens`` is the chunked function's; Liger picks its own)."""
+    from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+
+    return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")(weight, hidden, targets)
+
+
+# The fused loss's implementations by registry key (``kernels/registry.py``: op ``loss``).
+FUSED_LOSS_SUMS = {LIGER: liger_linear_cross_entropy_sum, CHUNKED: chunked_linear_cross_entropy_sum}
 
 
 def shifted_targets(labels: torch.Tensor, shift_labels: torch.Tensor | None = None) -> torch.Tensor:
@@ -112,19 +117,13 @@ def fused_causal_lm_loss(
     shift_labels: torch.Tensor | None = None,
     chunk_tokens: int | None = None,
 ) -> torch.Tensor:
-    """Mean next-token loss (or sum / ``num_items_in_batch``, as the HF Trainer asks) without full logits."""
+    """Mean next-token loss (or sum / ``num_items_in_batch``, as the HF Trainer asks) without full logits;
+    ``backend`` is a key of :data:`FUSED_LOSS_SUMS` (the registry's ``loss`` op chooses it)."""
+    if backend not in FUSED_LOSS_SUMS:
+        raise ValueError(f"fused cross-entropy backend must be one of {', '.join(FUSED_LOSS_SUMS)}, got {backend!r}")
     targets = shifted_targets(labels, shift_labels).reshape(-1).to(hidden_states.device)
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
-    if backend == "liger":
-        from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
-
-        total = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")(
-            lm_head_weight, hidden, targets
-        )
-    elif backend == "chunked":
-        total = chunked_linear_cross_entropy_sum(hidden, lm_head_weight, targets, chunk_tokens=chunk_tokens)
-    else:
-        raise ValueError(f"fused cross-entropy backend must be 'liger' or 'chunked', got {backend!r}")
+    total = FUSED_LOSS_SUMS[backend](hidden, lm_head_weight, targets, chunk_tokens=chunk_tokens)
     if num_items_in_batch is None:
         num_items_in_batch = (targets != IGNORE_INDEX).sum()
     if torch.is_tensor(num_items_in_batch):

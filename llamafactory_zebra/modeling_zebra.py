@@ -33,17 +33,30 @@ from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
-from .attention_policy import BORDER_KERNELS, PACKED_FLASH_VARLEN, packed_attention_kernel
+from .attention_policy import BORDER_KERNELS, PACKED_FLASH_VARLEN
 from .configuration_zebra import MLA, ZebraConfig
+from .kernels import LOSS, Call, KernelLoadError, detect_stack, packed_attention_kernel, run
 from .layers.gated_deltanet import ZebraGatedDeltaNet, ZebraShortConv, gdn_decay_init
 from .layers.mla import ZebraMLA
 from .layers.norms import ZebraRMSNorm
 from .layers.tiled_mlp import AUTO, set_mlp_tiles, tiled_mlp_forward
-from .loss import fused_causal_lm_loss, liger_can_run
+from .loss import CHUNKED, LIGER, LOGITS, fused_causal_lm_loss
 from .packing import block_causal_mask, cu_seqlens_from_segment_ids, flash_varlen_kwargs, packed_segment_ids
 from .parallel import SequenceParallelContext, build_sequence_parallel_context, gather_row_segment_ids
 from .quantization import keep_unfit_linears_out_of_4bit, wants_bnb_4bit
 from .released import RELEASED_LAYOUT, checkpoint_layout, load_released_config
+
+
+def _liger_loaded() -> str:
+    try:
+        import liger_kernel.transformers.fused_linear_cross_entropy  # noqa: F401
+    except ImportError as error:
+        raise KernelLoadError(f"liger_kernel does not import ({error})") from error
+    return LIGER
+
+
+# The registry's ``loss`` keys → the key ``fused_causal_lm_loss`` takes (Liger's after its import check).
+FUSED_LOSS_KEYS = {LIGER: _liger_loaded, CHUNKED: lambda: CHUNKED, LOGITS: lambda: LOGITS}
 
 
 class ZebraMLP(nn.Module):
@@ -424,8 +437,8 @@ class ZebraModel(ZebraPreTrainedModel):
         - GDN: ``cu_seqlens`` (packed rows; see ``packing.py``) and ``padding_mask`` (1 = token);
         - MLA: ``attention_mask`` (causal, the caller's 4-D mask, block-causal for eager, or ``None``) and,
           for packed rows on FlashAttention or sdpa, the samples' borders as FlashAttention's varlen
-          arguments (``cu_seq_lens_q/k``), with no mask: ``attention_policy.packed_attention_kernel``
-          names the kernel that reads them;
+          arguments (``cu_seq_lens_q/k``), with no mask: ``kernels.packed_attention_kernel`` (the
+          registry's ``attention`` op) names the kernel that reads them;
         - both, under sequence parallelism: ``sp_context``, whose mixers exchange what crosses shards.
         """
         if segment_ids is None:
@@ -507,7 +520,7 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
                 hidden_states,
                 self.lm_head.weight,
                 labels,
-                backend=self.fused_cross_entropy,
+                backend=self.loss_kernel(Call.of(hidden_states)),
                 num_items_in_batch=kwargs.get("num_items_in_batch"),
                 shift_labels=kwargs.get("shift_labels"),
             )
@@ -535,15 +548,21 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
     def enable_fused_cross_entropy(self, backend: str = "auto") -> str:
         """Compute the training loss from hidden states without full logits (see ``loss.py``).
 
-        ``auto`` picks Liger's Triton kernel when the model is on a GPU and Liger is installed, the chunked
-        PyTorch function otherwise. Only training forwards with labels change; they return no logits.
+        ``auto``: the kernel registry's ``loss`` op chooses at each training forward, from the hidden
+        states' device (Liger's Triton kernel on a GPU with Liger installed, the chunked PyTorch function
+        otherwise); ``liger`` or ``chunked`` demands one. Only training forwards with labels change; they
+        return no logits. Returns what a forward on this machine's GPU (its CPU without one) will run.
         """
-        if backend == "auto":
-            backend = "liger" if liger_can_run() else "chunked"
-        if backend not in ("liger", "chunked"):
-            raise ValueError(f"fused cross-entropy backend must be 'auto', 'liger' or 'chunked', got {backend!r}")
+        if backend not in ("auto", LIGER, CHUNKED):
+            raise ValueError(f"fused cross-entropy backend must be 'auto', {LIGER!r} or {CHUNKED!r}, got {backend!r}")
         self.fused_cross_entropy = backend
-        return backend
+        return self.loss_kernel(Call.on("cuda" if detect_stack().has_gpu else "cpu"))
+
+    def loss_kernel(self, call: Call) -> str:
+        """The fused loss's registry key for ``call`` (``enable_fused_cross_entropy``'s demand, if any); an
+        installed Liger that does not import passes to the chunked function, with a warning."""
+        demanded = None if self.fused_cross_entropy == "auto" else self.fused_cross_entropy
+        return run(LOSS, call, FUSED_LOSS_KEYS, force=demanded)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs) -> None:
         """transformers would build a ``DynamicCache`` from ``layer_types``; Zebra layers need their own."""

@@ -4,6 +4,10 @@
 its logic); the parameter counts each shape gives are in ``docs/architecture.md``. The layer plans are
 written as ``mla_layers`` (the indices of the MLA layers, everything else GDN), the spelling of AMD's
 ``hybrid_config.json``, so this module is plain data and imports nothing from the package.
+
+AMD's tooling now calls these models HyLo (AMD-AGI/Primus renamed its ``zebra_*`` configs ``hylo_*``), so
+wherever a preset is named (``init``, ``from_preset``, the planner's ``model_name_or_path``)
+:func:`preset_name` also takes a ``hylo-``/``zebra-`` prefix, any case, ``_`` for ``-``, and AMD's hub ids.
 """
 
 from __future__ import annotations
@@ -93,6 +97,30 @@ PRESETS: dict[str, dict[str, Any]] = {
 _PLAN_KEYS = ("layer_types", "layers_block_type", "mla_layers")
 
 
+# The prefixes AMD's names put before a shape: HyLo (current), Zebra (the papers', the first checkpoints').
+NAME_PREFIXES = ("hylo", "zebra")
+
+
+def preset_name(name: str) -> str:
+    """The preset ``name`` means: a preset, an AMD hub id, or either with AMD's spellings.
+
+    >>> preset_name("HyLo_Qwen3_1.7B_7MLA21GDN_64K"), preset_name("zebra-tiny"), preset_name("amd/HyLo-Qwen-7MLA21GDN-8K")
+    ('qwen3-1.7b-7mla21gdn-64k', 'tiny', 'qwen3-1.7b-7mla21gdn-8k')
+    """
+    by_hub_id = {hub_id: preset for preset, hub_id in PRESET_HUB_IDS.items()}
+    if name in by_hub_id:
+        return by_hub_id[name]
+    key = name.strip().lower().replace("_", "-")
+    for prefix in NAME_PREFIXES:
+        key = key.removeprefix(f"{prefix}-")
+    if key not in PRESETS:
+        raise ValueError(
+            f"Unknown Zebra preset {name!r}; known presets: {', '.join(sorted(PRESETS))} (also with a hylo- or "
+            f"zebra- prefix), or one of AMD's hub ids: {', '.join(sorted(by_hub_id))}"
+        )
+    return key
+
+
 def preset_values(name: str, **overrides: Any) -> dict[str, Any]:
     """``ZebraConfig`` keyword arguments of preset ``name`` with ``overrides`` applied.
 
@@ -104,9 +132,7 @@ def preset_values(name: str, **overrides: Any) -> dict[str, Any]:
     >>> "mla_layers" in preset_values("tiny", layer_types=["gdn", "mla", "gdn", "gdn"])
     False
     """
-    if name not in PRESETS:
-        raise ValueError(f"Unknown Zebra preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
-    values = copy.deepcopy(PRESETS[name])
+    values = copy.deepcopy(PRESETS[preset_name(name)])
     if any(key in overrides for key in _PLAN_KEYS):
         values.pop("mla_layers")
     values.update(overrides)

@@ -1,19 +1,27 @@
-"""The vLLM functions the plugin wraps (``serving/vllm/seams.py``): unchanged upstream, wrapped after
-``register()``, and the LoRA fix right against plain code (no engine is started here)."""
+"""The vLLM side of the seam door (``serving/vllm/seams.py``): the names the plugin changes are the upstream
+code its fixes were written against, they are wrapped after ``register()``, the vLLM API surface the
+serving layer reads is as recorded, and the LoRA fix is right against plain code (no engine is started)."""
 
 import pytest
 import torch
 
+from llamafactory_zebra.seam import drift, original
 from llamafactory_zebra.serving.vllm import lora, register, seams
 
 
-@pytest.mark.parametrize(("module_name", "attribute", "recorded"), seams.VLLM_SEAMS)
-def test_wrapped_upstream_source_is_the_one_the_fix_was_written_against(module_name, attribute, recorded):
-    current = seams.source_hash(seams.upstream(module_name, attribute))
-    assert current == recorded, (
-        f"vLLM changed {module_name}.{attribute}: re-read it, check whether seams.py's wrapper is still "
-        f"needed and right, then record its new source hash {current} in seams.VLLM_SEAMS"
+@pytest.mark.parametrize("record", seams.VLLM_SEAMS, ids=lambda record: record.name)
+def test_changed_upstream_is_the_code_the_fix_was_written_against(record):
+    changed = drift(record)
+    assert changed is None, (
+        f"vLLM changed {record.name} ({record.why}): {changed}. Re-read it, check whether seams.py's change is "
+        "still needed and right, then record the new value in seams.VLLM_SEAMS"
     )
+
+
+@pytest.mark.parametrize("record", seams.VLLM_API, ids=lambda record: record.name)
+def test_the_vllm_api_the_serving_layer_reads_is_as_recorded(record):
+    changed = drift(record)
+    assert changed is None, f"vLLM changed a name the serving layer reads: {changed} (seams.VLLM_API)"
 
 
 def test_register_installs_the_wrappers_where_vllm_calls_them():
@@ -25,14 +33,17 @@ def test_register_installs_the_wrappers_where_vllm_calls_them():
 
     assert lora_ops.bgmv_shrink.__code__.co_name == "zebra_bgmv_shrink"
     assert punica_cpu.bgmv_shrink is lora_ops.bgmv_shrink
-    assert lora_ops.bgmv_shrink.__wrapped__ is seams.upstream("vllm.lora.ops.torch_ops.lora_ops", "bgmv_shrink")
+    assert lora_ops.bgmv_shrink.__wrapped__ is original("vllm.lora.ops.torch_ops.lora_ops", "bgmv_shrink")
     assert WorkerLoRAManager._load_adapter.__code__.co_name == "zebra_load_adapter"
     from vllm.v1.core.sched.scheduler import Scheduler
 
     assert Scheduler._mamba_block_aligned_split.__code__.co_name == "zebra_mamba_block_aligned_split"
-    assert Scheduler._mamba_block_aligned_split.__wrapped__ is seams.upstream(
+    assert Scheduler._mamba_block_aligned_split.__wrapped__ is original(
         "vllm.v1.core.sched.scheduler", "Scheduler._mamba_block_aligned_split"
     )
+    from vllm.transformers_utils.config import get_config_parser
+
+    assert type(get_config_parser("hf")).__name__ == "ZebraAwareHFConfigParser"  # the table's registration
 
 
 def _scheduler_view(architecture: str, block_size: int):
@@ -83,7 +94,7 @@ def _plain_shrink(stack, seq_lens, adapters, inputs, scale):
 def test_upstream_cpu_shrink_applies_the_last_adapter_to_requests_without_one():
     """The bug the wrapper fixes, on vLLM's unwrapped op: index -1 reads the last slot."""
     stack, seq_lens, adapters, inputs = _shrink_case()
-    shrink = seams.upstream("vllm.lora.ops.torch_ops.lora_ops", "bgmv_shrink")
+    shrink = original("vllm.lora.ops.torch_ops.lora_ops", "bgmv_shrink")
     out = torch.zeros(len(inputs), stack.shape[2])
     indices = torch.repeat_interleave(adapters, seq_lens)
     shrink(inputs, stack, out, indices, 1.0)
@@ -130,13 +141,14 @@ def test_the_torch_calls_behind_the_amx_request_exist(name):
 
 
 def test_register_asks_for_amx_tiles_where_the_cpu_has_them(monkeypatch):
+    from llamafactory_zebra.kernels.stack import Stack
     from llamafactory_zebra.serving.vllm import amx
 
     calls = []
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    monkeypatch.setattr(amx, "this_machine", lambda: Stack("cpu", cpu_features=frozenset({"amx_tile"})))
     monkeypatch.setattr(torch.cpu, "_init_amx", lambda: calls.append("init") or True)
     register()
     assert calls == ["init"]
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    monkeypatch.setattr(amx, "this_machine", lambda: Stack("cpu", cpu_features=frozenset({"avx512_bf16"})))
     assert amx.request_amx_tiles() is False
     assert calls == ["init"]

@@ -48,9 +48,17 @@ import torch.nn.functional as F
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from llamafactory_zebra import ZebraConfig, ZebraForCausalLM, ops
-from llamafactory_zebra.attention_policy import SDPA, packed_attention_kernel
-from llamafactory_zebra.kernels import BACKEND_ENV_VAR, KNOWN_ISSUES, STOP, Stack, detect_stack, resolve
-from llamafactory_zebra.kernels.resolver import attention_choice, loss_choice
+from llamafactory_zebra.attention_policy import SDPA
+from llamafactory_zebra.kernels import (
+    BACKEND_ENV_VAR,
+    KNOWN_ISSUES,
+    STOP,
+    Stack,
+    detect_stack,
+    packed_attention_kernel,
+    resolve,
+)
+from llamafactory_zebra.kernels.stack import DISTRIBUTIONS
 from llamafactory_zebra.loss import fused_causal_lm_loss
 from llamafactory_zebra.packing import block_causal_mask, segment_ids_from_position_ids
 from llamafactory_zebra.planning.memory_plan import TrainingSetup, make_plan
@@ -197,16 +205,7 @@ class Report:
 
 def versions_row(device: str) -> list[dict[str, str]]:
     found = []
-    for dist in (
-        "torch",
-        "triton",
-        "pytorch-triton-rocm",
-        "fla-core",
-        "tilelang",
-        "flash-attn",
-        "liger-kernel",
-        "transformers",
-    ):
+    for dist in (*DISTRIBUTIONS, "transformers"):
         try:
             found.append(f"{dist} {importlib.metadata.version(dist)}")
         except importlib.metadata.PackageNotFoundError:
@@ -591,10 +590,10 @@ def main(argv: list[str] | None = None) -> str:
     stack = detect_stack() if not args.cpu else detect_stack().on_cpu()
     config = ZebraConfig.from_preset(sizes.preset)
     peak = args.peak_tflops or peak_for_device(device)
-    training = resolve(stack, training=True)
+    training = resolve(stack, training=True, attn_implementation="flash_attention_2")
     blocked = bool(training.with_severity(STOP)) and training.choice("GDN chunk").family == "fla"
-    attention = "flash_attention_2" if attention_choice(stack, "flash_attention_2").family == "flash-attn" else "sdpa"
-    loss_backend = "liger" if loss_choice(stack, True).family == "liger" else "chunked"
+    attention = "flash_attention_2" if training.choice("attention").family == "flash-attn" else "sdpa"
+    loss_backend = training.choice("loss").key
     budgets = sizes.budgets
     report = Report(device, args.budget_scale)
 

@@ -45,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     code = exit_code(results)
     if args.json:
         counts = {s: sum(r.status == s for r in results) for s in (OK, WARN, FAIL)}
-        kernels = {r.phase: r.as_dict() for r in (kernel_resolution(True), kernel_resolution(False))}
+        phases = (kernel_resolution(True), kernel_resolution(False), kernel_resolution(False, serving=True))
+        kernels = {r.phase: r.as_dict() for r in phases}
         report = {"checks": [asdict(r) for r in results], "kernels": kernels, "summary": counts, "exit_code": code}
         print(json.dumps(report, indent=2))
     else:

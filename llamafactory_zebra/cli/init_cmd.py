@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..presets import PRESETS
+from ..presets import PRESETS, preset_name
 from .commands import SUBCOMMANDS
 
 LARGE_PRESET_PARAMETERS = 100_000_000
@@ -46,8 +46,10 @@ def write_random_model(preset: str, output_dir: str | Path, seed: int = 0, dtype
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.preset not in PRESETS:
-        print(f"error: unknown preset {args.preset!r}; choose one of: {', '.join(sorted(PRESETS))}")
+    try:
+        args.preset = preset_name(args.preset)
+    except ValueError as error:
+        print(f"error: {error}")
         return 2
     output = Path(args.output_dir)
     if output.exists() and any(output.iterdir()) and not args.overwrite:
@@ -63,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("init", help=SUBCOMMANDS["init"].help)
-    parser.add_argument("preset", help=f"one of: {', '.join(sorted(PRESETS))} (tiny for CPU work)")
+    parser.add_argument(
+        "preset", help=f"one of: {', '.join(sorted(PRESETS))} (tiny for CPU work; AMD's HyLo names work too)"
+    )
     parser.add_argument("output_dir")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")

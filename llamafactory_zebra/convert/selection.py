@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..configuration_zebra import ZebraConfig
+from ..kernels import this_machine
 from .gdn_init import init_gdn_from_attention
 from .hybrid_plan import ConversionOptions
 from .source import BaseCheckpoint, ConversionInputError
@@ -92,7 +93,7 @@ def layer_sensitivity(
     from ..layers.gated_deltanet import ZebraGatedDeltaNet
 
     tokens = scoring_tokens(checkpoint, options)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cuda" if this_machine().has_gpu else "cpu"
     dtype = checkpoint.shape.dtype if device == "cuda" else torch.float32
     log(f"scoring {checkpoint.shape.num_layers} layers on {tokens.shape[1]} tokens of {options.data} ({device})")
     model = AutoModelForCausalLM.from_pretrained(checkpoint.path, dtype=dtype).to(device).eval()

@@ -12,6 +12,8 @@ build logits one chunk of tokens at a time:
 - Liger's ``LigerFusedLinearJSD`` (Triton) with ``jsd_beta`` 0 (forward KL) or 1 (reverse KL) on GPUs,
   through :func:`kd_loss_sums` with ``backend="liger"``.
 
+Which one a training step runs is the kernel registry's ``distillation loss`` op (:func:`distillation_kernel`).
+
 Conventions (both backends): at temperature T, with p the teacher's and q the student's softmax of
 logits / T, the per-token loss is ``T² · KL(p‖q)`` (forward) or ``T² · KL(q‖p)`` (``reverse``), the T²
 keeping gradient magnitudes independent of T (Hinton et al.). Only tokens whose shifted label is not
@@ -24,9 +26,24 @@ from __future__ import annotations
 
 import torch
 
-from ..loss import IGNORE_INDEX, default_chunk_tokens
+from ..kernels import DISTILLATION_LOSS, Call, KernelLoadError, run
+from ..loss import CHUNKED, IGNORE_INDEX, LIGER, default_chunk_tokens
 
-KD_BACKENDS = ("chunked", "liger")
+KD_BACKENDS = (CHUNKED, LIGER)
+
+
+def _liger_loaded() -> str:
+    try:
+        import liger_kernel.transformers.fused_linear_jsd  # noqa: F401
+    except ImportError as error:
+        raise KernelLoadError(f"liger_kernel does not import ({error})") from error
+    return LIGER
+
+
+def distillation_kernel(call: Call) -> str:
+    """The registry's choice of :func:`kd_loss_sums` backend for ``call`` (the student's hidden states): Liger
+    on a GPU with Liger installed (and importing), the chunked PyTorch function otherwise."""
+    return run(DISTILLATION_LOSS, call, {LIGER: _liger_loaded, CHUNKED: lambda: CHUNKED})
 
 
 class _ChunkedLinearKD(torch.autograd.Function):
@@ -109,7 +126,7 @@ def kd_loss_sums(
     reverse: bool = False,
     kl_weight: float = 1.0,
     ce_weight: float = 0.0,
-    backend: str = "chunked",
+    backend: str = CHUNKED,
     chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(kl_weight·KD + ce_weight·CE, KD, CE)`` summed over target tokens; only the first is differentiable.
@@ -132,7 +149,7 @@ def kd_loss_sums(
         )
     if temperature <= 0:
         raise ValueError(f"kd_temperature must be positive, got {temperature}")
-    if backend == "liger":
+    if backend == LIGER:
         return _liger_kd_loss_sums(
             student_hidden,
             student_weight,
@@ -144,7 +161,7 @@ def kd_loss_sums(
             kl_weight,
             ce_weight,
         )
-    if backend != "chunked":
+    if backend != CHUNKED:
         raise ValueError(f"KD backend must be one of {KD_BACKENDS}, got {backend!r}")
     vocab = student_weight.shape[0]
     # The fused-CE chunk (64 tokens for Qwen3's vocabulary): a few times its 64 MiB of logits live at once.

@@ -29,9 +29,10 @@ from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
 
 from ..attention_policy import FLASH_ATTENTION_BACKENDS, distill_teacher_attention
 from ..hparams import ZebraArguments, zebra_arguments
-from ..loss import IGNORE_INDEX, liger_can_run, shifted_targets
+from ..kernels import Call
+from ..loss import IGNORE_INDEX, shifted_targets
 from .ild import LayerHooks, decoder_layers, ild_layer_losses, teacher_layer_states
-from .kd_loss import kd_loss_sums
+from .kd_loss import distillation_kernel, kd_loss_sums
 from .metrics import METRIC_PREFIXES, MICRO_BATCHES, TOKENS, LossParts
 from .teacher import load_teacher, teacher_inputs
 
@@ -80,7 +81,6 @@ class DistillTrainer(CustomSeq2SeqTrainer):
             trust_remote_code=self.distill.trust_remote_code,
             hf_deepspeed_config=getattr(self.args, "hf_deepspeed_config", None),
         )
-        self.kd_backend = "liger" if liger_can_run() and self.args.device.type == "cuda" else "chunked"
         self.loss_parts = LossParts()
         if self.distill.distill == "ild":
             self.model_accepts_loss_kwargs = False
@@ -93,7 +93,8 @@ class DistillTrainer(CustomSeq2SeqTrainer):
                 student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self._log(
             f"distill: {self.distill.distill} from {self.distill.teacher_model_name_or_path} "
-            f"(teacher replicated on each rank, {dtype}, frozen; KD backend {self.kd_backend})"
+            f"(teacher replicated on each rank, {dtype}, frozen; KD on this device: "
+            f"{distillation_kernel(Call.on(self.args.device.type))})"
         )
 
     def _log(self, message: str) -> None:
@@ -127,7 +128,7 @@ class DistillTrainer(CustomSeq2SeqTrainer):
                 reverse=distill.kd_reverse_kl,
                 kl_weight=distill.kd_kl_weight,
                 ce_weight=distill.kd_ce_weight,
-                backend=self.kd_backend,
+                backend=distillation_kernel(Call.of(hidden)),
             )
             count = (targets != IGNORE_INDEX).sum()
             parts.add("kd_loss", kd)

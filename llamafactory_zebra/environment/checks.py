@@ -23,7 +23,8 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..kernels import NOTE, STOP, Resolution, detect_stack, fla_missing_message, resolve
+from ..kernels import NOTE, STOP, Resolution, detect_stack, fla_missing_message, resolve, this_machine
+from ..kernels.stack import gpu_inventory, numa_balancing, vendor_gpus_present
 from .rocm_settings import rocm_env_file, rocm_settings
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -42,7 +43,7 @@ class Check:
 
 @dataclass(frozen=True)
 class Machine:
-    """What the checks need to know about the hardware, gathered once."""
+    """What the checks need to know about the hardware, gathered once (``kernels/stack.py`` probes it)."""
 
     torch_version: str
     hip: str | None
@@ -51,40 +52,30 @@ class Machine:
     gpu_archs: tuple[str, ...]
     amd_gpus_present: bool
     nvidia_gpus_present: bool
+    gpu_bf16: bool = False  # the first GPU computes in bf16
+    built_for: tuple[str, ...] = ()  # the GPU architectures this torch build has kernels for
+    numa_balancing: bool | None = None  # the kernel's NUMA balancing (None: unknown)
 
     @property
     def has_gpu(self) -> bool:
         return bool(self.gpu_names)
 
 
-def _tool_output(command: list[str]) -> str:
-    """Output of a vendor tool (``rocminfo``, ``nvidia-smi``), '' when absent or failing."""
-    if shutil.which(command[0]) is None:
-        return ""
-    try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
 def inspect_machine() -> Machine:
-    import torch
-
-    names, archs = [], []
-    for index in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
-        props = torch.cuda.get_device_properties(index)
-        names.append(props.name)
-        arch = getattr(props, "gcnArchName", "") or f"sm_{props.major}{props.minor}"
-        archs.append(arch.split(":")[0])
-    rocm_agents = re.findall(r"Name:\s+(gfx\w+)", _tool_output(["rocminfo"]))
+    machine, gpus = this_machine(), gpu_inventory()
+    amd, nvidia = vendor_gpus_present()
+    toolkit = machine.toolkit or ""
     return Machine(
-        torch_version=torch.__version__,
-        hip=getattr(torch.version, "hip", None),
-        cuda=torch.version.cuda,
-        gpu_names=tuple(names),
-        gpu_archs=tuple(archs),
-        amd_gpus_present=bool(rocm_agents) or os.path.exists("/dev/kfd"),
-        nvidia_gpus_present="GPU " in _tool_output(["nvidia-smi", "-L"]),
+        torch_version=machine.version("torch") or "?",
+        hip=toolkit.removeprefix("ROCm ") if toolkit.startswith("ROCm") else None,
+        cuda=toolkit.removeprefix("CUDA ") if toolkit.startswith("CUDA") else None,
+        gpu_names=gpus.names,
+        gpu_archs=gpus.archs,
+        amd_gpus_present=amd,
+        nvidia_gpus_present=nvidia,
+        gpu_bf16=gpus.bf16,
+        built_for=gpus.built_for,
+        numa_balancing=numa_balancing(),
     )
 
 
@@ -110,9 +101,7 @@ def check_gpus(m: Machine, require_gpu: bool) -> Check:
         return Check("GPUs", FAIL if require_gpu else WARN, "no GPU visible: training runs on CPU only", fix)
     detail = f"{len(m.gpu_names)} × {m.gpu_names[0]} ({', '.join(sorted(set(m.gpu_archs)))})"
     if m.hip:
-        import torch
-
-        built_for = {a.split(":")[0] for a in torch.cuda.get_arch_list()}
+        built_for = set(m.built_for)
         missing = sorted(set(m.gpu_archs) - built_for)
         if missing:
             return Check(
@@ -132,9 +121,7 @@ def check_gpus(m: Machine, require_gpu: bool) -> Check:
 def check_bf16(m: Machine) -> Check:
     if not m.has_gpu:
         return Check("bf16", WARN, "no GPU to check")
-    import torch
-
-    if torch.cuda.is_bf16_supported():
+    if m.gpu_bf16:
         return Check("bf16", OK, "supported")
     return Check(
         "bf16", FAIL, "this GPU has no bf16; Zebra trains in bf16 only (fp16 overflows)", "use MI250/MI300X or Ampere+"
@@ -212,14 +199,22 @@ def check_fla(m: Machine) -> Check:
 DOCTOR_ATTENTION, DOCTOR_LIGER = "flash_attention_2", True
 
 
-def kernel_resolution(training: bool) -> Resolution:
-    """The kernels a run of the recipe's settings gets on this machine (or ``ZEBRA_FAKE_STACK``'s)."""
-    return resolve(detect_stack(), training=training, attn_implementation=DOCTOR_ATTENTION, liger_enabled=DOCTOR_LIGER)
+def kernel_resolution(training: bool, serving: bool = False) -> Resolution:
+    """The kernels a run of the recipe's settings gets on this machine (or ``ZEBRA_FAKE_STACK``'s): the
+    registry's choice for each op, as the ops make it."""
+    return resolve(
+        detect_stack(),
+        training=training,
+        attn_implementation=DOCTOR_ATTENTION,
+        liger_enabled=DOCTOR_LIGER,
+        serving=serving,
+    )
 
 
-def check_kernels(m: Machine, training: bool) -> Check:
-    """Which kernel each part gets and why; a combination that stops training fails the training check."""
-    resolution = kernel_resolution(training)
+def check_kernels(m: Machine, training: bool, serving: bool = False) -> Check:
+    """Which kernel each op gets and why; a combination that stops training fails the training check, a
+    workaround the plugin applies is a note."""
+    resolution = kernel_resolution(training, serving)
     name = f"kernels ({resolution.phase})"
     lines = resolution.table(fixes=False).splitlines()
     detail = "\n".join([lines[0].removeprefix(f"kernels for {resolution.phase} ").rstrip(":"), *lines[1:]])
@@ -273,12 +268,8 @@ def check_collective_env(m: Machine) -> Check:
         return Check("RCCL/NCCL env", WARN, f"no recommended settings for {', '.join(m.gpu_archs) or 'no GPU'}")
     missing = [f"{k}={v}" for k, v in rocm_settings(arch).items() if os.environ.get(k) != v]
     problems = [f"unset or different: {', '.join(missing)}"] if missing else []
-    try:
-        with open("/proc/sys/kernel/numa_balancing", encoding="utf-8") as f:
-            if f.read().strip() != "0":
-                problems.append("NUMA balancing is on (sudo sysctl kernel.numa_balancing=0)")
-    except OSError:
-        pass
+    if m.numa_balancing:
+        problems.append("NUMA balancing is on (sudo sysctl kernel.numa_balancing=0)")
     if int(os.environ.get("NNODES", "1")) > 1 and "NCCL_SOCKET_IFNAME" not in os.environ:
         problems.append("multi-node without NCCL_SOCKET_IFNAME")
     if problems:
@@ -398,6 +389,7 @@ def all_checks(require_gpu: bool) -> list[Callable[[Machine], Check]]:
         check_liger,
         lambda m: check_kernels(m, training=True),
         lambda m: check_kernels(m, training=False),
+        lambda m: check_kernels(m, training=False, serving=True),
         check_deepspeed,
         check_collective_env,
         check_torchrun,

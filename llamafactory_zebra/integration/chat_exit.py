@@ -21,18 +21,19 @@ import threading
 from types import ModuleType
 from typing import Any
 
-from . import seams
+from ..seam import Seam, original
+from .loading import is_zebra_config
 
 
 def _generates_with_zebra(target: Any) -> bool:
     """Whether ``target`` is a Zebra model's bound ``generate`` (the only thread the engine starts)."""
     model = getattr(target, "__self__", None)
-    return seams._is_zebra(getattr(model, "config", None))
+    return is_zebra_config(getattr(model, "config", None))
 
 
-def on_hf_engine_loaded(hf_engine: ModuleType) -> None:
-    """Wrap ``llamafactory.chat.hf_engine.Thread``: Zebra generation threads are joined at exit."""
-    thread_class = seams.upstream(hf_engine, "Thread")
+def joined_generation_threads(hf_engine: ModuleType) -> Any:
+    """``llamafactory.chat.hf_engine.Thread``, whose Zebra generation threads are joined at exit."""
+    thread_class = original(hf_engine, "Thread")
 
     @functools.wraps(thread_class)
     def generation_thread(*args: Any, **kwargs: Any) -> threading.Thread:
@@ -41,4 +42,10 @@ def on_hf_engine_loaded(hf_engine: ModuleType) -> None:
             thread.daemon = False
         return thread
 
-    seams.wrap(hf_engine, "Thread", generation_thread)
+    return generation_thread
+
+
+SEAMS = (
+    Seam("llamafactory.chat.hf_engine", "Thread", ("group", "target", "name", "args", "kwargs"),
+         wrapper=joined_generation_threads),
+)  # fmt: skip

@@ -2,9 +2,9 @@
 
 LLaMA-Factory reads dataset names only from ``dataset_dir/dataset_info.json`` (training:
 ``data.parser.get_dataset_list``; web UI: ``webui.common.load_dataset_info``) and picks converters
-from ``data.converter.DATASET_CONVERTERS``. The activation hook calls the three ``on_*`` functions
-right after each module is imported; each wraps one function so that the user's own entries come
-first (and win on a name clash) and the registry's names are added behind them.
+from ``data.converter.DATASET_CONVERTERS``. The activation hook installs :data:`SEAMS` right after each
+module is imported (``seams.install``); each wrapper makes the user's own entries come first (and win
+on a name clash) and adds the registry's names behind them.
 
 Seams (module → name, parameters relied on):
 - ``data.converter.register_dataset_converter(name, dataset_converter)``: our converters.
@@ -33,7 +33,8 @@ from typing import Any
 
 from ..data.registry import merge_dataset_info, registry_dataset_info
 from ..data.row_policy import SKIP_ATTRIBUTE, SKIP_KEY
-from .seams import UpstreamSeamChanged, is_wrapped, upstream, wrap
+from ..seam import Seam, UpstreamSeamChanged, install, original
+from . import SEAM_HINT
 
 DATA_CONFIG = "dataset_info.json"
 
@@ -78,19 +79,28 @@ def check_dataset_names(names: list[str], dataset_dir: str | dict[str, Any]) -> 
         )
 
 
-def on_converter_module_loaded(module: ModuleType) -> None:
-    """Registers our converters and guards every converter LLaMA-Factory hands out."""
-    from ..data.converters import ZEBRA_CONVERTERS
-    from ..data.validation import GuardedConverter, dataset_label
-
-    register = upstream(module, "register_dataset_converter")
-    get_converter = upstream(module, "get_dataset_converter")
+def _converters(module: ModuleType) -> dict[str, Any]:
     converters = getattr(module, "DATASET_CONVERTERS", None)
     if not isinstance(converters, dict):
         raise UpstreamSeamChanged(f"{module.__name__}.DATASET_CONVERTERS is no longer a dict")
+    return converters
+
+
+def register_zebra_converters(module: ModuleType) -> None:
+    """Our converters, through LLaMA-Factory's own ``register_dataset_converter``."""
+    from ..data.converters import ZEBRA_CONVERTERS
+
+    register, converters = original(module, "register_dataset_converter"), _converters(module)
     for name, converter_class in ZEBRA_CONVERTERS.items():
         if name not in converters:
             register(name, converter_class)
+
+
+def guarded_converters(module: ModuleType) -> Any:
+    """Every converter LLaMA-Factory hands out runs behind the row guard."""
+    from ..data.validation import GuardedConverter, dataset_label
+
+    get_converter, converters = original(module, "get_dataset_converter"), _converters(module)
 
     @functools.wraps(get_converter)
     def guarded_get_dataset_converter(name, dataset_attr, data_args):
@@ -100,12 +110,12 @@ def on_converter_module_loaded(module: ModuleType) -> None:
             )
         return GuardedConverter(get_converter(name, dataset_attr, data_args), name)
 
-    wrap(module, "get_dataset_converter", guarded_get_dataset_converter)
+    return guarded_get_dataset_converter
 
 
-def on_parser_module_loaded(module: ModuleType) -> None:
+def registry_dataset_names(module: ModuleType) -> Any:
     """``dataset:`` names resolve through the user's dataset_info.json, then the registry."""
-    get_dataset_list = upstream(module, "get_dataset_list")
+    get_dataset_list = original(module, "get_dataset_list")
 
     @functools.wraps(get_dataset_list)
     def zebra_get_dataset_list(dataset_names, dataset_dir):
@@ -120,7 +130,7 @@ def on_parser_module_loaded(module: ModuleType) -> None:
             setattr(attr, SKIP_ATTRIBUTE, bool(info[name].get(SKIP_KEY, False)))
         return attrs
 
-    wrap(module, "get_dataset_list", zebra_get_dataset_list)
+    return zebra_get_dataset_list
 
 
 def guarded_converter(dataset_attr: Any, data_args: Any) -> Any:
@@ -135,21 +145,12 @@ def guarded_converter(dataset_attr: Any, data_args: Any) -> Any:
     )
 
 
-def on_loader_module_loaded(module: ModuleType) -> None:
-    """Datasets are checked for the run's stage; malformed rows and empty files stop the run before
-    tokenisation, named (or malformed rows are skipped, counted)."""
-    from ..data.row_policy import (
-        EmptyDataError,
-        MalformedDataError,
-        check_converted_rows,
-        empty_files_message,
-        malformed_rows_message,
-    )
+def stage_checked_datasets(module: ModuleType) -> Any:
+    """Datasets are checked for the run's stage, and their rows for the processor that consumes them."""
     from ..data.stages import SUPERVISED, UNSUPERVISED, check_stage_fits, loading_stage
-    from ..data.validation import MissingColumnError, dataset_label
+    from ..data.validation import dataset_label
 
-    get_merged_dataset = upstream(module, "_get_merged_dataset")
-    load_single_dataset = upstream(module, "_load_single_dataset")
+    get_merged_dataset = original(module, "_get_merged_dataset")
 
     @functools.wraps(get_merged_dataset)
     def zebra_get_merged_dataset(dataset_names, model_args, data_args, training_args, stage, return_dict=False):
@@ -160,6 +161,23 @@ def on_loader_module_loaded(module: ModuleType) -> None:
             rows_for = UNSUPERVISED  # generating reads prompts only (upstream's unsupervised processor)
         with loading_stage(rows_for):
             return get_merged_dataset(dataset_names, model_args, data_args, training_args, stage, return_dict)
+
+    return zebra_get_merged_dataset
+
+
+def named_row_errors(module: ModuleType) -> Any:
+    """Malformed rows and empty files stop the run before tokenisation, named (or malformed rows are
+    skipped, counted)."""
+    from ..data.row_policy import (
+        EmptyDataError,
+        MalformedDataError,
+        check_converted_rows,
+        empty_files_message,
+        malformed_rows_message,
+    )
+    from ..data.validation import MissingColumnError
+
+    load_single_dataset = original(module, "_load_single_dataset")
 
     @functools.wraps(load_single_dataset)
     def zebra_load_single_dataset(dataset_attr, model_args, data_args, training_args):
@@ -182,13 +200,12 @@ def on_loader_module_loaded(module: ModuleType) -> None:
         converter = guarded_converter(dataset_attr, data_args)
         return check_converted_rows(dataset, dataset_attr, data_args.dataset_dir, converter, module.logger)
 
-    wrap(module, "_get_merged_dataset", zebra_get_merged_dataset)
-    wrap(module, "_load_single_dataset", zebra_load_single_dataset)
+    return zebra_load_single_dataset
 
 
-def on_webui_common_loaded(module: ModuleType) -> None:
+def registry_dataset_dropdown(module: ModuleType) -> Any:
     """The web UI's dataset dropdown lists the user's datasets, then the registry's."""
-    load_dataset_info = upstream(module, "load_dataset_info")
+    load_dataset_info = original(module, "load_dataset_info")
 
     @functools.wraps(load_dataset_info)
     def zebra_load_dataset_info(dataset_dir):
@@ -197,16 +214,23 @@ def on_webui_common_loaded(module: ModuleType) -> None:
         user_info = load_dataset_info(dataset_dir) if os.path.isfile(os.path.join(dataset_dir, DATA_CONFIG)) else {}
         return merge_dataset_info(user_info, os.path.join(dataset_dir, DATA_CONFIG))
 
-    wrap(module, "load_dataset_info", zebra_load_dataset_info)
+    return zebra_load_dataset_info
 
 
-# Module → (the function applying its seam, the name that seam wraps).
-_SEAMS = {
-    "llamafactory.data.converter": (on_converter_module_loaded, "get_dataset_converter"),
-    "llamafactory.data.parser": (on_parser_module_loaded, "get_dataset_list"),
-    "llamafactory.data.loader": (on_loader_module_loaded, "_load_single_dataset"),  # and _get_merged_dataset
-    "llamafactory.webui.common": (on_webui_common_loaded, "load_dataset_info"),
-}
+SEAMS = (
+    Seam("llamafactory.data.converter", "register_dataset_converter", ("name", "dataset_converter"),
+         register=register_zebra_converters),
+    Seam("llamafactory.data.converter", "get_dataset_converter", ("name", "dataset_attr", "data_args"),
+         wrapper=guarded_converters),
+    Seam("llamafactory.data.parser", "get_dataset_list", ("dataset_names", "dataset_dir"),
+         wrapper=registry_dataset_names),
+    Seam("llamafactory.data.loader", "_load_single_dataset", ("dataset_attr", "model_args", "data_args", "training_args"),
+         wrapper=named_row_errors),
+    Seam("llamafactory.data.loader", "_get_merged_dataset",
+         ("dataset_names", "model_args", "data_args", "training_args", "stage", "return_dict"),
+         wrapper=stage_checked_datasets),
+    Seam("llamafactory.webui.common", "load_dataset_info", ("dataset_dir",), wrapper=registry_dataset_dropdown),
+)  # fmt: skip
 
 
 def install_dataset_seams() -> None:
@@ -215,7 +239,5 @@ def install_dataset_seams() -> None:
     Modules that already bound the original names (``from .parser import get_dataset_list`` in
     ``data.loader``) keep them, which is why the hook applies the seams at import time instead.
     """
-    for name, (seam, wrapped_name) in _SEAMS.items():
-        module = importlib.import_module(name)
-        if not is_wrapped(module, wrapped_name):
-            seam(module)
+    for name in dict.fromkeys(seam.module for seam in SEAMS):
+        install(SEAMS, importlib.import_module(name), hint=SEAM_HINT)

@@ -5,7 +5,7 @@ seams call, and the one wrapper distillation adds on its own.
   arguments with the plugin's other keys before LLaMA-Factory parses them (``hparams.ZebraArguments``,
   stored on ``finetuning_args``) and are checked (stage, teacher path, vocabulary, weights, ILD shapes,
   no SP / tiled MLP) before any data is loaded (:func:`distill_step`); with FlashAttention, the teacher's
-  FA function is registered there (``seams.register_sinkless_flash_attention``).
+  FA function is registered there (``registrations.register_sinkless_flash_attention``).
 - ``train.sft.workflow.CustomSeq2SeqTrainer`` (wrapped in ``training.py``): ``run_sft`` builds
   ``distill.trainer.DistillTrainer`` when ``distill`` is set.
 - ``train.callbacks.LogCallback.on_log``, during distillation only: LLaMA-Factory writes a fixed set of
@@ -22,7 +22,9 @@ from ..attention_policy import FLASH_ATTENTION_BACKENDS, attn_implementation_for
 from ..distill.checks import check_distill_setup
 from ..distill.metrics import METRIC_PREFIXES
 from ..hparams import RunArguments, ZebraArguments
-from .seams import is_wrapped, register_sinkless_flash_attention, upstream, wrap, wrapped_method
+from ..seam import Seam, install, original, wrapped_method
+from . import SEAM_HINT
+from .registrations import register_sinkless_flash_attention
 
 
 def distill_step(run: RunArguments, logger: Any) -> None:
@@ -37,7 +39,7 @@ def distill_step(run: RunArguments, logger: Any) -> None:
     distill.trust_remote_code = bool(run.model.trust_remote_code)
     from llamafactory.train import callbacks
 
-    patch_log_callback(callbacks)
+    install(SEAMS, callbacks, only=("LogCallback.on_log",), hint=SEAM_HINT)
     logger.info_rank0(f"llamafactory-zebra: {describe(distill)}")
 
 
@@ -55,13 +57,10 @@ def describe(distill: ZebraArguments) -> str:
     )
 
 
-def patch_log_callback(callbacks: ModuleType) -> None:
-    """Add the distillation metrics of the newest ``log_history`` entry to the line LogCallback writes
-    (once per process)."""
-    if is_wrapped(callbacks, "LogCallback.on_log"):
-        return
-    on_log = upstream(callbacks, "LogCallback.on_log")
-    write_log = upstream(callbacks, "LogCallback._write_log")
+def distill_metrics_in_the_log(callbacks: ModuleType) -> Any:
+    """Add the distillation metrics of the newest ``log_history`` entry to the line LogCallback writes."""
+    on_log = original(callbacks, "LogCallback.on_log")
+    write_log = original(callbacks, "LogCallback._write_log")
 
     @functools.wraps(on_log)
     def on_log_with_distill_metrics(self, args, state, control, **kwargs):
@@ -74,7 +73,15 @@ def patch_log_callback(callbacks: ModuleType) -> None:
         def write_log_with_distill_metrics(output_dir, logs):
             return write_log(self, output_dir, {**logs, **extra})
 
-        with wrapped_method(self, "_write_log", write_log_with_distill_metrics):
+        with wrapped_method(WRITE_LOG, self, write_log_with_distill_metrics, SEAM_HINT):
             return on_log(self, args, state, control, **kwargs)
 
-    wrap(callbacks, "LogCallback.on_log", on_log_with_distill_metrics)
+    return on_log_with_distill_metrics
+
+
+WRITE_LOG = Seam("llamafactory.train.callbacks", "LogCallback._write_log", ("self", "output_dir", "logs"))
+SEAMS = (
+    Seam("llamafactory.train.callbacks", "LogCallback.on_log", ("self", "args", "state", "control"),
+         wrapper=distill_metrics_in_the_log, on_import=False),
+    WRITE_LOG,
+)  # fmt: skip

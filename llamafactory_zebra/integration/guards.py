@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..attention_policy import SDPA, attn_implementation_for, packed_attention_kernel
+from ..attention_policy import SDPA, attn_implementation_for
 from ..hparams import optimizer_steps_per_epoch, total_optimizer_steps, zebra_arguments
+from ..kernels import packed_attention_kernel, this_machine
 from .config_conflicts import check_deepspeed_conflicts, deepspeed_warnings
 
 _SAVE_KEYS = (
@@ -35,9 +36,7 @@ MIN_WARMUP_STEPS = 10
 
 
 def running_on_rocm() -> bool:
-    import torch
-
-    return getattr(torch.version, "hip", None) is not None
+    return this_machine().rocm_build
 
 
 def check_training_setup(
@@ -56,7 +55,7 @@ def check_training_setup(
     Args are LLaMA-Factory's parsed dataclasses and the model config. ``num_train_examples`` (the
     length of the training dataset after packing, when known) lets the warmup check count optimizer
     steps as the HF Trainer will; without it only ``max_steps`` is used. ``is_rocm`` overrides the
-    detection from ``torch.version.hip`` (for tests). ``arguments`` names the YAML in messages.
+    detection (a ROCm build of torch, ``kernels.this_machine``; for tests). ``arguments`` names the YAML in messages.
     """
     if getattr(config, "model_type", None) != "zebra":
         return []
@@ -106,9 +105,7 @@ def _refuse_unsupported_attention(model_args: Any) -> None:
 
 
 def _accelerator_warnings(model_args: Any, training_args: Any, arguments: str) -> list[str]:
-    import torch
-
-    if training_args.use_cpu or not torch.cuda.is_available():
+    if training_args.use_cpu or not this_machine().has_gpu:
         return []
     warnings = []
     if not (training_args.bf16 or training_args.fp16 or training_args.bf16_full_eval):

@@ -6,7 +6,9 @@ For a Zebra model (a local checkpoint or one of AMD's released hub ids), ``get_t
 before the model or the data load, with the fixes as the last lines. ``get_infer_args`` (``chat``,
 ``api``, ``export``, the web UI's chat, ``llamafactory-zebra eval-long``) is wrapped here to resolve for
 inference: forward only, so a backward-only problem does not apply; it only logs. The table is logged
-once per process at info level and each warning once (``kernels.emit_once``, shared with the ops).
+once per process at info level and each warning once (``kernels.emit_once``, shared with the ops). A
+training run also gets the workarounds the plugin applies itself before anything compiles (a Triton
+cache directory per rank on ROCm: ``kernels/workarounds.py``).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ from typing import Any
 
 from ..attention_policy import attn_implementation_for
 from ..kernels import STOP, WARN, Resolution, detect_stack, emit_once, resolve
+from ..kernels.known_issues import TRITON_CACHE_SHARED
+from ..kernels.workarounds import triton_cache_per_rank
 from ..presets import PRESET_HUB_IDS
 from ..released import checkpoint_layout
-from .seams import upstream, wrap
+from ..seam import Seam, original
 
 
 def is_zebra_model(model_name_or_path: str | None) -> bool:
@@ -53,10 +57,14 @@ def training_kernel_step(model_args: Any, training_args: Any, logger: Any) -> No
         return
     resolution = resolve_for_run(model_args, training=True, use_cpu=bool(getattr(training_args, "use_cpu", False)))
     log_resolution(resolution, logger.info_rank0, logger.warning_rank0)
+    if any(p.key == TRITON_CACHE_SHARED for p in resolution.problems):
+        directory = triton_cache_per_rank(resolution.stack)
+        if directory is not None:
+            logger.info_rank0(f"llamafactory-zebra: Triton cache of this rank: {directory} ({TRITON_CACHE_SHARED})")
 
 
-def on_parser_loaded(parser: ModuleType) -> None:
-    get_infer_args = upstream(parser, "get_infer_args")
+def inference_kernel_table(parser: ModuleType) -> Any:
+    get_infer_args = original(parser, "get_infer_args")
 
     @functools.wraps(get_infer_args)
     def zebra_get_infer_args(args=None):
@@ -68,4 +76,7 @@ def on_parser_loaded(parser: ModuleType) -> None:
             )
         return parsed
 
-    wrap(parser, "get_infer_args", zebra_get_infer_args)
+    return zebra_get_infer_args
+
+
+SEAMS = (Seam("llamafactory.hparams.parser", "get_infer_args", ("args",), wrapper=inference_kernel_table),)

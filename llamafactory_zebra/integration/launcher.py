@@ -15,8 +15,9 @@ import functools
 import os
 import sys
 from types import ModuleType
+from typing import Any
 
-from .seams import upstream, wrap
+from ..seam import Seam, original
 
 ONE_NODE, TRAIN = "1", "train"
 
@@ -28,8 +29,8 @@ def launch_world_size(misc: ModuleType) -> int | None:
     The rule is ``launch``'s own: torchrun with ``FORCE_TORCHRUN`` (or ``USE_MCA``), or with more than one
     device unless Ray or KTransformers run the job; ``NPROC_PER_NODE`` defaults to the device count.
     """
-    is_env_enabled, use_ray, use_kt = (upstream(misc, name) for name in ("is_env_enabled", "use_ray", "use_kt"))
-    devices = upstream(misc, "get_device_count")()
+    is_env_enabled, use_ray, use_kt = (original(misc, name) for name in ("is_env_enabled", "use_ray", "use_kt"))
+    devices = original(misc, "get_device_count")()
     forced = is_env_enabled("FORCE_TORCHRUN") or is_env_enabled("USE_MCA")
     if forced or (devices > 1 and not use_ray() and not use_kt()):
         return int(os.getenv("NNODES", ONE_NODE)) * int(os.getenv("NPROC_PER_NODE", str(devices)))
@@ -45,7 +46,7 @@ def refusal(argv: list[str], misc: ModuleType) -> str | None:
     world = launch_world_size(misc)
     saved, sys.argv = sys.argv, [argv[0], *argv[2:]]  # what each worker's read_args sees
     try:
-        _, zebra = pop_zebra_arguments(upstream(parser, "read_args")(None))
+        _, zebra = pop_zebra_arguments(original(parser, "read_args")(None))
         if world is not None:
             check_sequence_parallel_size(zebra.sequence_parallel_size, world)
     except ValueError as error:
@@ -60,8 +61,8 @@ def refusal(argv: list[str], misc: ModuleType) -> str | None:
     return None
 
 
-def on_launcher_loaded(launcher: ModuleType) -> None:
-    launch = upstream(launcher, "launch")
+def checked_before_torchrun(launcher: ModuleType) -> Any:
+    launch = original(launcher, "launch")
 
     @functools.wraps(launch)
     def zebra_launch():
@@ -73,4 +74,13 @@ def on_launcher_loaded(launcher: ModuleType) -> None:
                 raise SystemExit(reason)
         return launch()
 
-    wrap(launcher, "launch", zebra_launch)
+    return zebra_launch
+
+
+SEAMS = (
+    Seam("llamafactory.launcher", "launch", (), wrapper=checked_before_torchrun),
+    Seam("llamafactory.extras.misc", "is_env_enabled", ("env_var", "default")),
+    Seam("llamafactory.extras.misc", "get_device_count", ()),
+    Seam("llamafactory.extras.misc", "use_ray", ()),
+    Seam("llamafactory.extras.misc", "use_kt", ()),
+)

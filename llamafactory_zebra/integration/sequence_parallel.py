@@ -14,7 +14,7 @@ wiring needs accelerate >= 1.12, which LLaMA-Factory pins out. So the plugin add
   trainer, instead (in its own module, imported only then, as the distillation trainer is: importing
   LLaMA-Factory's trainer while its argument parser loads would be circular and slow every command).
 - ``accelerate.Accelerator.prepare``, on that trainer's accelerator while it builds the training
-  dataloader only (``seams.wrapped_method``): the loader is sharded over data-parallel ranks.
+  dataloader only (``seam.wrapped_method``): the loader is sharded over data-parallel ranks.
 - ``deepspeed.initialize`` (looked up by accelerate at call time), during ``train()`` only: DeepSpeed
   gets ALST's ``parallel_state_sp`` as ``mpu`` and ``train_batch_size = micro x accumulation x dp``
   (HF's "auto" fill counts every rank as data parallel).
@@ -36,7 +36,8 @@ from typing import Any
 
 from ..attention_policy import sequence_parallel_accepts_flash_attn
 from ..hparams import check_sequence_parallel_size
-from .seams import upstream, wrapped
+from ..seam import Seam, original, wrapped
+from . import SEAM_HINT
 
 UNSUPPORTED_WITH_SP = (
     ("predict_with_generate", "generation"),
@@ -123,7 +124,7 @@ def deepspeed_config_for_sequence_parallel(config: dict[str, Any], dp_size: int)
 def deepspeed_initialize_with_mpu(mpu: ModuleType, dp_size: int) -> Iterator[None]:
     import deepspeed
 
-    initialize = upstream(deepspeed, "initialize")
+    initialize = original(deepspeed, "initialize")
 
     @functools.wraps(initialize)
     def initialize_with_mpu(*args, **kwargs):
@@ -133,5 +134,16 @@ def deepspeed_initialize_with_mpu(mpu: ModuleType, dp_size: int) -> Iterator[Non
         kwargs["mpu"] = mpu
         return initialize(*args, **kwargs)
 
-    with wrapped(deepspeed, "initialize", initialize_with_mpu):
+    with wrapped(DEEPSPEED_INITIALIZE, deepspeed, initialize_with_mpu, SEAM_HINT):
         yield
+
+
+DEEPSPEED_INITIALIZE = Seam(
+    "deepspeed",
+    "initialize",
+    ("args", "model", "optimizer", "model_parameters", "training_data", "lr_scheduler", "distributed_port", "mpu"),
+    on_import=False,
+)
+# Accelerate's ``prepare`` of one object, during an SP run (``sequence_parallel_trainer.py``).
+ACCELERATOR_PREPARE = Seam("accelerate.accelerator", "Accelerator.prepare", ("self", "args"), on_import=False)
+SEAMS = (DEEPSPEED_INITIALIZE, ACCELERATOR_PREPARE)

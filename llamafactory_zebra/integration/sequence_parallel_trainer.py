@@ -15,8 +15,9 @@ from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
 
 from ..hparams import zebra_arguments
 from ..parallel import enable_sequence_parallel, layout_from_deepspeed, new_layout, shard_batch
-from .seams import wrapped_method
-from .sequence_parallel import deepspeed_initialize_with_mpu, prepare_data_parallel_loader
+from ..seam import wrapped_method
+from . import SEAM_HINT
+from .sequence_parallel import ACCELERATOR_PREPARE, deepspeed_initialize_with_mpu, prepare_data_parallel_loader
 
 
 class SequenceParallelTrainer(CustomSeq2SeqTrainer):
@@ -43,7 +44,7 @@ class SequenceParallelTrainer(CustomSeq2SeqTrainer):
         def prepare_per_data_parallel_rank(dataloader):
             return prepare_data_parallel_loader(accelerator, dataloader, layout.dp_size, layout.dp_rank)
 
-        with wrapped_method(accelerator, "prepare", prepare_per_data_parallel_rank):
+        with wrapped_method(ACCELERATOR_PREPARE, accelerator, prepare_per_data_parallel_rank, SEAM_HINT):
             return super().get_train_dataloader()
 
     def _get_num_items_in_batch(self, batch_samples, device):

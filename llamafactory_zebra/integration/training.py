@@ -42,12 +42,13 @@ from ..hparams import (
     zebra_arguments,
 )
 from ..released import checkpoint_layout, load_checkpoint_config
+from ..seam import Seam, install, original
+from . import SEAM_HINT
 from .config_conflicts import arguments_source
 from .distill import distill_step
 from .guards import check_training_setup
 from .kernel_choice import training_kernel_step
 from .resume import resume_from_last_complete_checkpoint
-from .seams import is_wrapped, upstream, wrap
 from .sequence_parallel import check_sequence_parallel_setup
 from .tiled_mlp import check_tiled_mlp_setup, tile_mlps
 
@@ -78,9 +79,9 @@ def guard_step(run: RunArguments, config: ZebraConfig | None, arguments: str, lo
     resume_from_last_complete_checkpoint(run.training, logger)
 
 
-def on_parser_loaded(parser: ModuleType) -> None:
-    get_train_args = upstream(parser, "get_train_args")
-    read_args = upstream(parser, "read_args")
+def plugin_keys_and_checks(parser: ModuleType) -> Any:
+    get_train_args = original(parser, "get_train_args")
+    read_args = original(parser, "read_args")
 
     @functools.wraps(get_train_args)
     def zebra_get_train_args(args=None):
@@ -98,26 +99,24 @@ def on_parser_loaded(parser: ModuleType) -> None:
         if needs_trainer_wrapper(zebra):
             from llamafactory.train.sft import workflow
 
-            patch_sft_workflow(workflow)
+            install(SEAMS, workflow, only=("CustomSeq2SeqTrainer",), hint=SEAM_HINT)
         return run.llamafactory_tuple()
 
-    wrap(parser, "get_train_args", zebra_get_train_args)
+    return zebra_get_train_args
 
 
 def needs_trainer_wrapper(zebra: ZebraArguments) -> bool:
     return zebra.sequence_parallel_size > 1 or zebra.tiled_mlp or zebra.distilling
 
 
-def patch_sft_workflow(workflow: ModuleType) -> None:
+def trainer_for_the_run(workflow: ModuleType) -> Any:
     """``run_sft`` builds its trainer through this wrapper: tiled MLPs when ``tiled_mlp``, the distillation
     trainer when ``distill`` is set, the sequence-parallel subclass when ``sequence_parallel_size > 1``
-    (idempotent; distillation refuses SP at parse time)."""
-    if is_wrapped(workflow, "CustomSeq2SeqTrainer"):
-        return
+    (distillation refuses SP at parse time)."""
     from ..distill.trainer import DistillTrainer
     from .sequence_parallel_trainer import SequenceParallelTrainer
 
-    base = upstream(workflow, "CustomSeq2SeqTrainer")
+    base = original(workflow, "CustomSeq2SeqTrainer")
 
     @functools.wraps(base, updated=())
     def trainer_for_run(*args, **kwargs):
@@ -130,4 +129,12 @@ def patch_sft_workflow(workflow: ModuleType) -> None:
             return SequenceParallelTrainer(*args, **kwargs)
         return base(*args, **kwargs)
 
-    wrap(workflow, "CustomSeq2SeqTrainer", trainer_for_run)
+    return trainer_for_run
+
+
+SEAMS = (
+    Seam("llamafactory.hparams.parser", "get_train_args", ("args",), wrapper=plugin_keys_and_checks),
+    Seam("llamafactory.hparams.parser", "read_args", ("args",)),
+    Seam("llamafactory.train.sft.workflow", "CustomSeq2SeqTrainer",
+         ("finetuning_args", "processor", "model_args", "gen_kwargs"), wrapper=trainer_for_the_run, on_import=False),
+)  # fmt: skip

@@ -1,6 +1,6 @@
 """LlamaBoard (``llamafactory-cli webui``) seams: safe bind address, CPU-ready defaults, Zebra's presets.
 
-The activation hook calls each ``on_*`` function right after its LLaMA-Factory module is imported.
+The activation hook installs :data:`SEAMS` right after each LLaMA-Factory module is imported.
 Nothing here imports Gradio; the wrapped functions run inside LLaMA-Factory's own code paths, so the
 UI keeps its layout, its locales and its saved-config format.
 
@@ -22,7 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from ..presets import PRESETS
-from .seams import is_wrapped, upstream, wrap
+from ..seam import Seam, original
 
 LOCALHOST_IPV4 = "127.0.0.1"
 LOCALHOST_IPV6 = "::1"
@@ -44,16 +44,14 @@ def default_server_name() -> str:
     return LOCALHOST_IPV6 if is_env_enabled(IPV6_ENV) else LOCALHOST_IPV4
 
 
-def on_interface_loaded(interface: ModuleType) -> None:
-    """Bind LlamaBoard to loopback unless ``GRADIO_SERVER_NAME`` says otherwise.
+def on_loopback(name: str) -> Callable[[ModuleType], Callable[[], None]]:
+    """Bind LlamaBoard to loopback unless ``GRADIO_SERVER_NAME`` says otherwise (``interface.<name>``).
 
     Upstream binds 0.0.0.0 (``[::]`` with ``GRADIO_IPV6``), so anyone on the network can start training
     runs with ``trust_remote_code`` on arbitrary paths and read the server's files through the output
     boxes. Setting ``GRADIO_SERVER_NAME=0.0.0.0`` brings upstream's behaviour back.
     """
-    for name in ("run_web_ui", "run_web_demo"):
-        if not is_wrapped(interface, name):
-            wrap(interface, name, _on_loopback_by_default(upstream(interface, name)))
+    return lambda interface: _on_loopback_by_default(original(interface, name))
 
 
 def _on_loopback_by_default(launch: Callable[[], None]) -> Callable[[], None]:
@@ -87,7 +85,7 @@ def initial_values(is_accelerator_available: bool) -> dict[str, dict[str, Any]]:
     - ``train.compute_type``: upstream defaults to bf16, which makes every run on a CPU-only machine fail
       in ``TrainingArguments`` ("Your setup doesn't support bf16/gpu"); fp32 is what CPU training needs.
     - ``train.ds_stage``: upstream offers only its generated ZeRO-2/3 jsons; the project's presets are
-      added by name (``on_runner_loaded`` maps a name to its json).
+      added by name (:func:`presets_by_name` maps a name to its json).
     - ``train.cutoff_len`` / ``eval.cutoff_len``: allow Zebra's full context.
     """
     values: dict[str, dict[str, Any]] = {
@@ -100,7 +98,7 @@ def initial_values(is_accelerator_available: bool) -> dict[str, dict[str, Any]]:
     return values
 
 
-def on_engine_loaded(engine_module: ModuleType) -> None:
+def zebra_defaults_on_page_load(engine_module: ModuleType) -> Any:
     """Add :func:`initial_values` to the first update of ``Engine.resume`` (the page-load handler).
 
     Changing values there, rather than editing the components, is how LLaMA-Factory sets its own
@@ -109,9 +107,7 @@ def on_engine_loaded(engine_module: ModuleType) -> None:
     """
     from llamafactory.extras.misc import is_accelerator_available
 
-    if is_wrapped(engine_module, "Engine.resume"):
-        return
-    resume = upstream(engine_module, "Engine.resume")
+    resume = original(engine_module, "Engine.resume")
 
     @functools.wraps(resume)
     def resume_with_zebra_defaults(self):
@@ -122,19 +118,17 @@ def on_engine_loaded(engine_module: ModuleType) -> None:
         yield first
         yield from updates
 
-    wrap(engine_module, "Engine.resume", resume_with_zebra_defaults)
+    return resume_with_zebra_defaults
 
 
-def on_runner_loaded(runner_module: ModuleType) -> None:
+def presets_by_name(runner_module: ModuleType) -> Any:
     """A ``ds_stage`` that names a project preset trains with that preset's json.
 
     Upstream builds ``llamaboard_cache/ds_z{ds_stage}_…config.json`` from the dropdown value; for a
     preset name that file does not exist, so the argument is replaced by the preset's absolute path
     (the preset fixes offloading itself; the "offload" checkbox does not apply to it).
     """
-    if is_wrapped(runner_module, "Runner._parse_train_args"):
-        return
-    parse_train_args = upstream(runner_module, "Runner._parse_train_args")
+    parse_train_args = original(runner_module, "Runner._parse_train_args")
 
     @functools.wraps(parse_train_args)
     def parse_train_args_with_presets(self, data):
@@ -144,4 +138,12 @@ def on_runner_loaded(runner_module: ModuleType) -> None:
             args["deepspeed"] = str(preset)
         return args
 
-    wrap(runner_module, "Runner._parse_train_args", parse_train_args_with_presets)
+    return parse_train_args_with_presets
+
+
+SEAMS = (
+    Seam("llamafactory.webui.interface", "run_web_ui", (), wrapper=on_loopback("run_web_ui")),
+    Seam("llamafactory.webui.interface", "run_web_demo", (), wrapper=on_loopback("run_web_demo")),
+    Seam("llamafactory.webui.engine", "Engine.resume", ("self",), wrapper=zebra_defaults_on_page_load),
+    Seam("llamafactory.webui.runner", "Runner._parse_train_args", ("self", "data"), wrapper=presets_by_name),
+)

@@ -27,7 +27,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from . import seams
+from ..seam import Seam, original
 
 TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"  # set by torchrun in each worker it starts
 
@@ -40,9 +40,9 @@ def leave_without_teardown() -> None:
     os._exit(0)
 
 
-def on_tuner_loaded(tuner: ModuleType) -> None:
-    """Wrap ``llamafactory.train.tuner.run_exp``: a torchrun worker ends right after it returns."""
-    run_exp = seams.upstream(tuner, "run_exp")
+def leave_after_run_exp(tuner: ModuleType) -> Any:
+    """``llamafactory.train.tuner.run_exp``, after which a torchrun worker ends."""
+    run_exp = original(tuner, "run_exp")
 
     @functools.wraps(run_exp)
     def run_exp_then_leave(*args: Any, **kwargs: Any) -> None:
@@ -50,4 +50,7 @@ def on_tuner_loaded(tuner: ModuleType) -> None:
         if os.environ.get(TORCHRUN_ENV):
             leave_without_teardown()
 
-    seams.wrap(tuner, "run_exp", run_exp_then_leave)
+    return run_exp_then_leave
+
+
+SEAMS = (Seam("llamafactory.train.tuner", "run_exp", ("args", "callbacks"), wrapper=leave_after_run_exp),)

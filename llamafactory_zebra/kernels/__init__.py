@@ -1,54 +1,89 @@
-"""Kernel resolution: which GDN, conv, attention and loss kernels a run uses, from the machine and its packages.
+"""Kernel choice: which GDN, conv, attention and loss kernels each op runs, from the machine and its packages.
 
-The lowest floor of the package: imports only torch, the standard library and ``importlib.metadata``,
-so every entry point (training, chat, doctor, the ops) can ask it before anything heavy loads.
-``stack.py`` holds the facts about the machine, ``known_issues.py`` the known-broken combinations (data),
-``resolver.py`` the decisions.
+The lowest floor of the package above the rule modules: imports only torch, the standard library and
+``importlib.metadata``, so every entry point (training, chat, doctor, the ops) can ask it before anything
+heavy loads. ``stack.py`` is the one probe of the machine, ``registry.py`` the entries and the one
+decider (``select``) the ops call, ``switches.py`` the environment switches as data, ``resolver.py`` the
+tables doctor and the entry points print from the same decider, ``known_issues.py`` the known-broken
+combinations (data), ``workarounds.py`` what the plugin does about some of them itself and
+``fla_seams.py`` the fla names one of those touches.
 """
 
 from .known_issues import KNOWN_ISSUES, KnownIssue, VersionRange
-from .resolver import (
+from .registry import (
+    ATTENTION,
+    CONV,
+    CONV_IN_SLOTS,
+    DISTILLATION_LOSS,
+    FAMILIES,
     FLA_MISSING,
-    INFERENCE,
-    NOTE,
-    PARTS,
-    STOP,
-    TRAINING,
-    WARN,
-    Choice,
-    Problem,
-    Resolution,
+    GDN_CHUNK,
+    GDN_DECODE_STEP,
+    GDN_PREFILL_IN_SLOTS,
+    GDN_RECURRENT,
+    KERNELS,
+    LOSS,
+    OPS,
+    Call,
+    Kernel,
+    KernelLoadError,
+    KernelUnavailable,
+    Selection,
     emit_once,
     fla_missing_message,
-    resolve,
+    packed_attention_kernel,
+    run,
+    select,
 )
-from .stack import FAKE_STACK_ENV_VAR, Stack, detect_stack, parse_version, stack_from_json
-from .switches import BACKEND_CHOICES, BACKEND_ENV_VAR, requested_backend, triton_interpreter_enabled
+from .resolver import INFERENCE, NOTE, PHASES, SERVING, STOP, TRAINING, WARN, Choice, Problem, Resolution, resolve
+from .stack import FAKE_STACK_ENV_VAR, Stack, detect_stack, parse_version, stack_from_json, this_machine
+from .switches import BACKEND_ENV_VAR, SWITCHES, triton_interpreter_enabled
 
 __all__ = [
-    "BACKEND_CHOICES",
+    "ATTENTION",
     "BACKEND_ENV_VAR",
+    "CONV",
+    "CONV_IN_SLOTS",
+    "DISTILLATION_LOSS",
     "FAKE_STACK_ENV_VAR",
+    "FAMILIES",
     "FLA_MISSING",
+    "GDN_CHUNK",
+    "GDN_DECODE_STEP",
+    "GDN_PREFILL_IN_SLOTS",
+    "GDN_RECURRENT",
     "INFERENCE",
+    "KERNELS",
     "KNOWN_ISSUES",
+    "LOSS",
     "NOTE",
-    "PARTS",
+    "OPS",
+    "PHASES",
+    "SERVING",
     "STOP",
+    "SWITCHES",
     "TRAINING",
     "WARN",
+    "Call",
     "Choice",
+    "Kernel",
+    "KernelLoadError",
+    "KernelUnavailable",
     "KnownIssue",
     "Problem",
     "Resolution",
+    "Selection",
     "Stack",
     "VersionRange",
     "detect_stack",
-    "fla_missing_message",
-    "parse_version",
-    "requested_backend",
-    "resolve",
-    "stack_from_json",
-    "triton_interpreter_enabled",
     "emit_once",
+    "fla_missing_message",
+    "packed_attention_kernel",
+    "parse_version",
+    "resolve",
+    "run",
+    "select",
+    "stack_from_json",
+    "this_machine",
+    "triton_interpreter_enabled",
 ]

@@ -1,27 +1,26 @@
-"""Kernel/version/device combinations known to give wrong results or stop a run: the data, one entry each.
+"""Kernel/version/device combinations known to give wrong results, stop or hang a run: the data, one entry each.
 
-An entry matches a :class:`~.stack.Stack` when the part it concerns runs the named kernel family, the
-device vendor and compute capability fall in its range, every versioned package is installed within
-its range and the run has the affected phase (``"backward"``: training only; ``"forward"``: every run).
-``resolver.py`` reads the entries; nothing else in the package hard-codes one. Add an entry here when an
-upstream bug is confirmed; cite the upstream threads and give fixes a user can run.
+An entry matches a :class:`~.stack.Stack` when the op it concerns runs the named kernel family, the
+device vendor (and compute capability or architecture) fall in its range, every versioned package is
+installed within its range and the run has the affected phase (``"backward"``: training only;
+``"forward"``: every run). ``resolver.py`` reads the entries; nothing else in the package hard-codes
+one. Each entry says what this project *established* (and how) apart from what is *reported*
+upstream, cites the threads, and gives fixes a user can run. An entry with a ``workaround`` is one the
+plugin applies itself (``workarounds.py``): it is a note, not a stop, and its fixes are the advice for
+when the workaround is not enough. Add an entry here when an upstream bug is confirmed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .registry import FLA, GDN_CHUNK, TORCH_GDN_MEASURED_COST
 from .stack import Stack, parse_version
 from .switches import BACKEND_ENV_VAR
+from .workarounds import FLA_MAX_STAGES_ENV_VAR, TRITON_CACHE_PER_RANK, TRITON_STAGE_CAP
 
 PHASES = ("forward", "backward")
-# The one GPU measurement of the PyTorch GDN path there is (docs/gpu.md: one H200, torch 2.11, bf16, gradient
-# checkpointing, Liger CE, one unpacked row; the full Zebra against a same-width Qwen3-1.7B, training tokens/s).
-# It was taken with ``chunk.py``; the GPU-shaped ``parallel`` formulation a GPU now gets has not run on one yet.
-TORCH_GDN_MEASURED_COST = (
-    "0.19x / 0.33x the training tokens/s of a same-width Qwen3-1.7B at 8k / 32k tokens (H200, measured with "
-    "chunk.py; the GPU-shaped parallel formulation now used on GPUs is not yet measured there)"
-)
+TRITON_CACHE_SHARED = "triton-cache-shared-by-ranks"
 
 
 @dataclass(frozen=True)
@@ -48,24 +47,31 @@ class VersionRange:
 @dataclass(frozen=True)
 class KnownIssue:
     key: str
-    part: str  # the resolved part it concerns (``resolver.PARTS``)
-    kernel_family: str  # the kernel family of that part it concerns (``resolver`` labels its choices with one)
+    part: str  # the op it concerns (``registry.OPS``)
+    kernel_family: str  # the kernel family of that op it concerns (``registry.FAMILIES``)
     summary: str
     vendor: str  # "cuda" or "rocm"
-    capability_from: tuple[int, int]  # inclusive
-    capability_below: tuple[int, int]  # exclusive
     versions: tuple[VersionRange, ...]
     phase: str  # "forward" or "backward"
     upstream: tuple[str, ...]
     fixes: tuple[str, ...]  # what a user can do, best first
+    # CUDA compute capabilities [from, below); None: any. ROCm entries name architectures instead (empty: any).
+    capability_from: tuple[int, int] | None = None
+    capability_below: tuple[int, int] | None = None
+    archs: tuple[str, ...] = ()
+    established: str = ""  # what this project established about it, and how
     # An installed package that routes the affected kernel elsewhere (the issue is then a warning, not a stop).
     avoided_by: str | None = None
     avoided_note: str = ""
+    workaround: str | None = None  # what the plugin does about it itself (``workarounds.py``), if anything
 
     def matches(self, stack: Stack, phase_needed: tuple[str, ...]) -> bool:
-        if self.phase not in phase_needed or stack.device != self.vendor or stack.capability is None:
+        if self.phase not in phase_needed or stack.device != self.vendor:
             return False
-        if not self.capability_from <= stack.capability < self.capability_below:
+        if self.capability_from is not None:
+            if stack.capability is None or not self.capability_from <= stack.capability < self.capability_below:
+                return False
+        if self.archs and stack.arch not in self.archs:
             return False
         return all(r.contains(stack.version(r.package)) for r in self.versions)
 
@@ -73,6 +79,8 @@ class KnownIssue:
         return self.avoided_by is not None and stack.version(self.avoided_by) is not None
 
     def where(self) -> str:
+        if self.capability_from is None:
+            return f"{self.vendor} {', '.join(self.archs) or '(any GPU)'}"
         low, high = self.capability_from, self.capability_below
         return f"{self.vendor} compute capability >= {low[0]}.{low[1]} and < {high[0]}.{high[1]}"
 
@@ -80,8 +88,8 @@ class KnownIssue:
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         key="fla-hopper-triton-gated-bwd",
-        part="GDN chunk",
-        kernel_family="fla",
+        part=GDN_CHUNK,
+        kernel_family=FLA,
         summary=(
             "Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs miscompiles fla's gated chunk_bwd_dqkwg (the GDN "
             "backward); fla raises at the first backward, after its kernels compiled (~140 s on an H200)"
@@ -104,10 +112,59 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
             f"or set {BACKEND_ENV_VAR}=torch to train the GDN layers with the PyTorch path, measured at "
             f"{TORCH_GDN_MEASURED_COST}",
         ),
+        established="measured on an H200 (docs/gpu.md); fla's own guard names the range",
         avoided_by="tilelang",
         avoided_note=(
             "tilelang is installed: fla routes chunk_bwd_dqkwg to TileLang when nvcc is on PATH and the call "
             "passes its checks, else fla's guard stops the first backward (unverified for Zebra on a GPU)"
         ),
+    ),
+    KnownIssue(
+        key="fla-rocm-autotune-stages",
+        part=GDN_CHUNK,
+        kernel_family=FLA,
+        summary=(
+            "Triton's autotuning of fla kernels with num_stages >= 3 configs hangs on MI300X (reported for "
+            "chunk_h.py's chunk_bwd_kernel_dh and KDA's chunk_kda_bwd_kernel_intra); a hang at the first "
+            "backward gives no message"
+        ),
+        vendor="rocm",
+        versions=(VersionRange("fla-core"),),
+        phase="backward",
+        upstream=("AMD-AGI/Primus tools/hybrid/patch_fla_triton_autotune_hang.sh",),
+        fixes=(
+            f"if a ROCm run still stops at its first backward with no message, set {FLA_MAX_STAGES_ENV_VAR}=2: "
+            f"every autotuned fla kernel of the GDN path then tunes at most 2 stages",
+        ),
+        established=(
+            "fla 0.6.0's GDN backward never launches either reported kernel: its dh comes from "
+            "chunk_delta_h.py, whose state-recurrence kernels (the runtime-length loops over chunks) tune "
+            "num_stages {1} (backward) and {1, 2} (forward recompute) on every GPU with less than 166,912 B of "
+            "shared memory, every AMD Instinct GPU among them; four backward kernels tune {2, 3, 4} with "
+            "compile-time loop bounds (chunk_bwd_kernel_dqkwg, chunk_bwd_kernel_dv_local, "
+            "recompute_w_u_fwd_kernel, prepare_wy_repr_bwd_kernel), not reported to hang (Primus trains its "
+            "GDN configs on MI300X through the same kernels, unpatched). Found by running Zebra's GDN forward "
+            "and backward under Triton's interpreter and reading fla's autotune configs (docs/rocm.md)"
+        ),
+        workaround=TRITON_STAGE_CAP,
+    ),
+    KnownIssue(
+        key=TRITON_CACHE_SHARED,
+        part=GDN_CHUNK,
+        kernel_family=FLA,
+        summary=(
+            "ranks that share one Triton cache directory race while they compile and autotune fla's kernels "
+            "(reported: AMD's Primus carried a cache directory per local rank)"
+        ),
+        vendor="rocm",
+        versions=(VersionRange("fla-core"),),
+        phase="backward",
+        upstream=("AMD-AGI/Primus tools/hybrid/patch_fla_triton_autotune_hang.sh",),
+        fixes=("set TRITON_CACHE_DIR to a directory of its own in each rank before it starts",),
+        established=(
+            "not reproduced: Triton 3.8 writes each cache file in a temporary directory and renames it into "
+            "place (atomic on POSIX); Primus's current script has its per-rank cache commented out"
+        ),
+        workaround=TRITON_CACHE_PER_RANK,
     ),
 )

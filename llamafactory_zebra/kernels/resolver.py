@@ -1,44 +1,63 @@
-"""Which kernel each part of a Zebra run uses on a given machine, why, and what must stop the run.
+"""What each op of a Zebra run will call on a given machine, why, and what must stop the run.
 
-The one place that decides, from a :class:`~.stack.Stack` and whether the run needs a backward pass,
-between fla's Triton kernels and the PyTorch path for the GDN layers (chunked prefill/training,
-recurrent decode, short conv), which attention kernel MLA gets and which loss the run computes —
-and which known-broken combinations (``known_issues.py``) apply. ``llamafactory-cli train`` resolves
-before the model loads and stops on a blocking problem; inference entry points log the table;
-``llamafactory-zebra doctor`` prints it for both phases. The ops themselves (``ops/backend.py``) read
-the same backend switch from here and still dispatch on each tensor's device.
+``resolve()`` asks the registry (``registry.select``, the function the ops themselves call) with the call
+a run of the recipe makes on that machine — bf16 inputs on its GPU (on its CPU without one), the
+attention implementation LLaMA-Factory gives the model, the loss ``enable_liger_kernel`` asks for — and
+adds the known issues (``known_issues.py``) that apply. ``llamafactory-cli train`` resolves before the
+model loads and stops on a blocking problem; inference entry points log the table;
+``llamafactory-zebra doctor`` prints it for training, inference and serving. Since the rows come from
+the same function the ops call, the table is what runs (``tests/kernels/test_kernel_matrix.py`` checks it on
+faked machines).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from ..attention_policy import FLASH_ATTENTION_2, SDPA, packed_attention_kernel
-from .known_issues import KNOWN_ISSUES, TORCH_GDN_MEASURED_COST, KnownIssue
-from .stack import Stack
-from .switches import (
-    BACKEND_ENV_VAR,
-    TRITON_INTERPRET_ENV_VAR,
-    requested_backend,
-    torch_chunk_choice,
-    triton_interpreter_enabled,
+import torch
+
+from ..attention_policy import FLASH_ATTENTION_2, SDPA
+from .known_issues import KNOWN_ISSUES, KnownIssue
+from .registry import (
+    ATTENTION,
+    CONV,
+    CONV_IN_SLOTS,
+    DISTILLATION_LOSS,
+    FLA_INSTALL,
+    GDN_CHUNK,
+    GDN_DECODE_STEP,
+    GDN_PREFILL_IN_SLOTS,
+    GDN_RECURRENT,
+    LOSS,
+    Call,
+    KernelUnavailable,
+    Selection,
+    missing_message,
+    select,
 )
+from .stack import Stack
 
-PARTS = ("GDN chunk", "GDN recurrent", "conv", "attention", "loss")
-TRAINING, INFERENCE = "training", "inference"
-FLA_MISSING = "fla-missing-on-gpu"
+TRAINING, INFERENCE, SERVING = "training", "inference", "serving (vLLM)"
+PHASES = (TRAINING, INFERENCE, SERVING)
+# The ops each phase runs, in the order doctor prints them.
+PHASE_OPS = {
+    TRAINING: (GDN_CHUNK, CONV, ATTENTION, LOSS, DISTILLATION_LOSS),
+    INFERENCE: (GDN_CHUNK, GDN_RECURRENT, CONV, ATTENTION),
+    SERVING: (GDN_PREFILL_IN_SLOTS, GDN_DECODE_STEP, CONV_IN_SLOTS),
+}
 STOP, WARN, NOTE = "stop", "warn", "note"
-
-FLA_INSTALL = "pip install fla-core  (the plugin's `gpu` extra pins the tested range)"
+# The activations a run of the recipe computes in (released checkpoints are bf16; vLLM serves them in bf16).
+RUN_DTYPE = torch.bfloat16
 
 
 @dataclass(frozen=True)
 class Choice:
-    part: str
-    kernel: str
-    family: str  # "fla", "torch", "flash-attn", "sdpa", "eager", "liger", "chunked", "logits"
+    part: str  # the op
+    kernel: str  # what it runs (the registry entry's label)
+    family: str  # registry.FAMILIES
     reason: str
+    key: str = ""  # the registry entry's key: what the op's IMPLEMENTATIONS table runs
+    passed_over: tuple[tuple[str, str], ...] = field(default=())  # (key, why) of the entries before it
 
 
 @dataclass(frozen=True)
@@ -93,96 +112,93 @@ class Resolution:
         }
 
 
+def run_call(op: str, stack: Stack, attn_implementation: str = SDPA, liger_enabled: bool = True) -> Call:
+    """The call a run of the recipe makes to ``op`` on ``stack``: bf16 inputs on its GPU (its CPU without
+    one), with each op's own facts as the serving layer and the model hand them over."""
+    device = "cuda" if stack.has_gpu else "cpu"
+    details: dict[str, object] = {}
+    if op == ATTENTION:
+        details = {"attn_implementation": attn_implementation}
+    elif op == LOSS:
+        details = {"fused": liger_enabled}
+    elif op == GDN_DECODE_STEP:  # vLLM keeps the SSM state in fp32 (``mamba_ssm_cache_dtype: auto``), rows of V
+        details = {"state_dtype": torch.float32, "compute_dtype": torch.float32, "state_rows_contiguous": True}
+    elif op == CONV_IN_SLOTS:  # Zebra's 4-wide conv in vLLM's default conv-state layout
+        details = {"width": 4, "conv_state_dim_first": False, "vllm_cpu_platform": not stack.has_gpu}
+    return Call.on(device, RUN_DTYPE, **details)
+
+
 def resolve(
-    stack: Stack, *, training: bool, attn_implementation: str = "sdpa", liger_enabled: bool = True
+    stack: Stack,
+    *,
+    training: bool,
+    attn_implementation: str = SDPA,
+    liger_enabled: bool = True,
+    serving: bool = False,
 ) -> Resolution:
-    """Resolve every part for a training run (forward + backward) or inference (forward only).
+    """Resolve every op of a training run (forward + backward), inference (forward only) or vLLM serving.
 
     ``attn_implementation`` is what the run asks transformers for (``attn_implementation_for`` of
     LLaMA-Factory's ``flash_attn``); ``liger_enabled`` is ``enable_liger_kernel`` (training only).
     """
+    phase = TRAINING if training else SERVING if serving else INFERENCE
     problems: list[Problem] = []
-    gdn_family, gdn_reason = _gdn_family(stack, requested_backend(), problems)
-    labels = {
-        "GDN chunk": ("fla chunk_gated_delta_rule", f"PyTorch chunked GDN ({torch_chunk_choice(stack.has_gpu)})"),
-        "GDN recurrent": ("fla fused_recurrent_gated_delta_rule", "PyTorch recurrent GDN"),
-        "conv": ("fla causal_conv1d", "PyTorch causal conv"),
-    }
-    choices = [
-        Choice(part, fla if gdn_family == "fla" else torch, gdn_family, gdn_reason)
-        for part, (fla, torch) in labels.items()
-    ]
-    choices.append(attention_choice(stack, attn_implementation))
-    if training:
-        choices.append(loss_choice(stack, liger_enabled))
+    choices = []
+    attention_note = ""
+    if attn_implementation == FLASH_ATTENTION_2 and not (stack.version("flash-attn") and stack.has_gpu):
+        why = "flash-attn is not installed" if not stack.version("flash-attn") else "no GPU"
+        attn_implementation, attention_note = SDPA, f"flash_attn: fa2 but {why}: LLaMA-Factory falls back to sdpa"
+    for op in PHASE_OPS[phase]:
+        call = run_call(op, stack, attn_implementation, liger_enabled)
+        try:
+            selection = select(op, call, stack)
+        except KernelUnavailable as error:
+            choices.append(_unavailable_choice(op, error))
+            _add_once(problems, _stop_for(op, error, stack))
+            continue
+        if selection.missing is not None:
+            missed = selection.missing
+            _add_once(problems, Problem(op, WARN, missing_message(missed), key=missed.missing_warning))
+        choices.append(_choice(op, selection, attn_implementation, attention_note))
     phases = ("forward", "backward") if training else ("forward",)
     for issue in KNOWN_ISSUES:
         problems += _issue_problems(issue, stack, choices, phases, training)
-    return Resolution(TRAINING if training else INFERENCE, stack, tuple(choices), tuple(problems))
+    return Resolution(phase, stack, tuple(choices), tuple(problems))
 
 
-def _gdn_family(stack: Stack, backend: str, problems: list[Problem]) -> tuple[str, str]:
-    """fla or the PyTorch path for the GDN layers (chunk, recurrent and conv dispatch alike, ``ops/backend.py``)."""
-    if backend == "torch":
-        return "torch", f"{BACKEND_ENV_VAR}=torch"
-    fla, triton = stack.version("fla-core"), stack.version("triton")
-    installed = f"fla-core {fla}" + (f", triton {triton}" if triton else "")
-    if fla and stack.has_gpu:
-        return "fla", f"{installed} on {stack.device.upper()}"
-    if fla and backend == "fla" and triton_interpreter_enabled():
-        return "fla", f"{installed} under Triton's CPU interpreter ({TRITON_INTERPRET_ENV_VAR}=1)"
-    if backend == "fla":
-        where = "fla-core is not installed" if not fla else "there is no GPU"
-        problems.append(
-            Problem(
-                "GDN chunk",
-                STOP,
-                f"{BACKEND_ENV_VAR}=fla but {where}: every GDN layer would fail at its first call",
-                (FLA_INSTALL if not fla else "run on a CUDA or ROCm GPU", f"or set {BACKEND_ENV_VAR}=auto"),
-            )
-        )
-        return "torch", f"{BACKEND_ENV_VAR}=fla cannot run here"
-    if stack.has_gpu:
-        problems.append(Problem("GDN chunk", WARN, fla_missing_message(), key=FLA_MISSING))
-        return "torch", "fla-core is not installed"
-    return "torch", "no GPU (fla's kernels are Triton)"
+def _choice(op: str, selection: Selection, attn_implementation: str, attention_note: str) -> Choice:
+    kernel = selection.kernel
+    label, reason = kernel.label, selection.reason
+    if op == ATTENTION:
+        if kernel.family == "flash-attn":
+            label, reason = "FlashAttention-2 varlen", f"flash_attn: fa2, {reason}".rstrip(", ")
+        else:
+            label = f"{attn_implementation} (packed rows: {kernel.key})"
+            reason = attention_note or f"attn_implementation {attn_implementation}"
+    passed = tuple((k.key, why) for k, why in selection.passed_over)
+    return Choice(op, label, kernel.family, reason, kernel.key, passed)
 
 
-def fla_missing_message() -> str:
-    return (
-        f"fla (pip fla-core) is missing or does not import on this GPU machine: the GDN layers run the PyTorch "
-        f"path, measured at "
-        f"{TORCH_GDN_MEASURED_COST}; install it: {FLA_INSTALL}"
-    )
+def _unavailable_choice(op: str, error: KernelUnavailable) -> Choice:
+    demanded = error.demanded[0] if error.demanded else None
+    label = demanded.label if demanded else "(none)"
+    return Choice(op, label, demanded.family if demanded else "", f"{error.setting} cannot run here", "")
 
 
-def attention_choice(stack: Stack, attn_implementation: str) -> Choice:
-    """MLA's kernel for the ``attn_implementation`` LLaMA-Factory's ``flash_attn`` gives, and what packed rows
-    run on with it (the attention policy's ``packed_attention_kernel``)."""
-    if attn_implementation == FLASH_ATTENTION_2:
-        flash_attn = stack.version("flash-attn")
-        if flash_attn and stack.has_gpu:
-            return Choice(
-                "attention", "FlashAttention-2 varlen", "flash-attn", f"flash_attn: fa2, flash-attn {flash_attn}"
-            )
-        why = "flash-attn is not installed" if not flash_attn else "no GPU"
-        return _with_packed_kernel(stack, SDPA, f"flash_attn: fa2 but {why}: LLaMA-Factory falls back to sdpa")
-    return _with_packed_kernel(stack, attn_implementation, f"attn_implementation {attn_implementation}")
+def _stop_for(op: str, error: KernelUnavailable, stack: Stack) -> Problem:
+    """A demanded kernel that cannot run: every phase stops (the op would fail at its first call)."""
+    if error.demanded and error.demanded[0].family == "fla":
+        where = "fla-core is not installed" if not stack.version("fla-core") else "there is no GPU"
+        message = f"{error.setting} but {where}: every GDN layer would fail at its first call"
+        fixes = (FLA_INSTALL if not stack.version("fla-core") else "run on a CUDA or ROCm GPU", "or set it to auto")
+        return Problem(op, STOP, message, tuple(f"{fix}" for fix in fixes), key=error.setting)
+    return Problem(op, STOP, str(error), (error.fix,) if error.fix else (), key=error.setting)
 
 
-def _with_packed_kernel(stack: Stack, attn_implementation: str, reason: str) -> Choice:
-    packed = packed_attention_kernel(attn_implementation, "cuda" if stack.has_gpu else "cpu")
-    return Choice("attention", f"{attn_implementation} (packed rows: {packed})", attn_implementation, reason)
-
-
-def loss_choice(stack: Stack, liger_enabled: bool) -> Choice:
-    if not liger_enabled:
-        return Choice("loss", "full-logit cross-entropy", "logits", "enable_liger_kernel: false (transformers' loss)")
-    liger = stack.version("liger-kernel")
-    if liger and stack.has_gpu:
-        return Choice("loss", "Liger fused linear CE", "liger", f"enable_liger_kernel, liger-kernel {liger}")
-    why = "liger-kernel is not installed" if stack.has_gpu else "no GPU (Liger is Triton)"
-    return Choice("loss", "chunked PyTorch CE", "chunked", f"enable_liger_kernel, {why}")
+def _add_once(problems: list[Problem], problem: Problem) -> None:
+    """One problem per key: a switch or a missing package concerns several ops at once."""
+    if problem.key is None or all(p.key != problem.key for p in problems):
+        problems.append(problem)
 
 
 def _issue_problems(
@@ -192,21 +208,15 @@ def _issue_problems(
         return []
     source = f"{issue.summary} ({', '.join(issue.upstream)})"
     if issue.matches(stack, phases):
+        if issue.workaround is not None:
+            return [
+                Problem(
+                    issue.part, NOTE, f"{source}; applied by the plugin: {issue.workaround}", issue.fixes, issue.key
+                )
+            ]
         if issue.avoided(stack):
             return [Problem(issue.part, WARN, f"{source}; {issue.avoided_note}", key=issue.key)]
         return [Problem(issue.part, STOP if training else WARN, source, issue.fixes, issue.key)]
-    if not training and issue.matches(stack, ("forward", "backward")):
+    if not training and issue.workaround is None and issue.matches(stack, ("forward", "backward")):
         return [Problem(issue.part, NOTE, f"not affected (forward only): {source}", key=issue.key)]
     return []
-
-
-_emitted: set[str] = set()
-
-
-def emit_once(key: str, message: str, emit: Callable[[str], None]) -> bool:
-    """Emit ``message`` the first time ``key`` is seen in this process (entry points and ops share it)."""
-    if key in _emitted:
-        return False
-    _emitted.add(key)
-    emit(message)
-    return True

@@ -1,62 +1,125 @@
-"""The environment switches kernel choice reads: the plugin's GDN backend key, which PyTorch GDN formulation
-runs when fla does not, whether the package's C++ CPU kernels are built and run, and Triton's interpreter flag."""
+"""The environment switches kernel choice reads, as data: which variable, its values, and what each value
+does to which registry entries (``registry.py`` applies them; ``doctor`` names the one that decided).
+
+A value *allows* a set of the governed entries (by key or family; the others are left out), may *force*
+them (they run even where the automatic rule would not pick them, e.g. the GPU-shaped PyTorch GDN on a
+CPU) and may be *strict* (nothing else stands in when they cannot run: the op raises, training stops).
+Entries a switch does not govern are untouched by it. Every switch is read at each call, so a test or a
+user can flip it in one process.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
-BACKEND_ENV_VAR = "ZEBRA_GDN_BACKEND"
-BACKEND_CHOICES = ("auto", "torch", "fla")
+AUTO = "auto"
 TRITON_INTERPRET_ENV_VAR = "TRITON_INTERPRET"
 
 
-def requested_backend() -> str:
-    """``ZEBRA_GDN_BACKEND``: ``auto`` (default), ``torch`` or ``fla``; anything else is refused."""
-    choice = os.environ.get(BACKEND_ENV_VAR, "auto").strip().lower() or "auto"
-    if choice not in BACKEND_CHOICES:
-        raise ValueError(f"{BACKEND_ENV_VAR}={choice!r} is not valid; use one of {', '.join(BACKEND_CHOICES)}.")
-    return choice
+@dataclass(frozen=True)
+class SwitchValue:
+    allows: frozenset[str] | None = None  # keys or families of the governed entries left in; None: all of them
+    forces: bool = False
+    strict: bool = False
 
 
-def triton_interpreter_enabled() -> bool:
-    """Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, as triton itself parses it)."""
-    return os.environ.get(TRITON_INTERPRET_ENV_VAR, "0").strip().lower() in ("1", "true", "on", "yes")
+@dataclass(frozen=True)
+class Switch:
+    env_var: str
+    ops: tuple[str, ...]  # the ops it governs
+    governs: frozenset[str]  # keys or families of those ops' entries it governs
+    values: Mapping[str, SwitchValue]
+    applies: Callable[[Mapping[str, object]], bool] = field(default=lambda details: True)  # to a call's details
+    doc: str = ""
+    fix: str = ""  # what to do when a strict value cannot be met
+
+    def value(self) -> str:
+        """The variable's value, ``auto`` when unset; anything not in :attr:`values` is refused, naming them."""
+        choice = os.environ.get(self.env_var, AUTO).strip().lower() or AUTO
+        if choice not in self.values:
+            raise ValueError(f"{self.env_var}={choice!r} is not valid; use one of {', '.join(self.values)}.")
+        return choice
 
 
-# Which exact PyTorch formulation of the chunked gated delta rule runs when fla does not
-# (``ops/gated_delta_rule/torch_path.py`` maps each name to its function): ``chunk`` (``chunk.py``, tuned for
-# CPU threads, faster there: docs/benchmarks.md), ``parallel`` (``chunk_parallel.py``, whole-chunk batched work
-# and one GEMM a chunk step, shaped for GPUs), ``parallel-compiled`` (its whole-chunk parts under
-# torch.compile; opt-in, compiling costs tens of seconds per process).
+def _only(*names: str, strict: bool = False) -> SwitchValue:
+    return SwitchValue(frozenset(names), forces=True, strict=strict)
+
+
+# The GDN ops' backend: fla's Triton kernels or this package's PyTorch (and C++) code.
+BACKEND_ENV_VAR = "ZEBRA_GDN_BACKEND"
+GDN_BACKEND = Switch(
+    BACKEND_ENV_VAR,
+    ops=("GDN chunk", "GDN recurrent", "conv", "GDN prefill in slots", "GDN decode step"),
+    governs=frozenset({"fla", "torch", "cpp"}),
+    values={
+        AUTO: SwitchValue(),
+        "torch": SwitchValue(frozenset({"torch", "cpp"})),
+        "fla": _only("fla", strict=True),
+    },
+    doc="auto: fla's kernels for GPU tensors, PyTorch elsewhere; torch: never fla; fla: fla or a clear error "
+    f"(CPU tensors too, under Triton's interpreter: {TRITON_INTERPRET_ENV_VAR}=1)",
+    fix=f"install fla-core on a CUDA or ROCm GPU machine, or set {BACKEND_ENV_VAR}=auto",
+)
+
+# Which exact PyTorch formulation of the chunked gated delta rule runs when fla does not: ``chunk``
+# (``chunk.py``, tuned for CPU threads, faster there: docs/benchmarks.md), ``parallel``
+# (``chunk_parallel.py``, whole-chunk batched work and one GEMM a chunk step, shaped for GPUs),
+# ``parallel-compiled`` (its whole-chunk parts under torch.compile; opt-in, compiling costs tens of seconds
+# per process). ``auto`` picks ``parallel`` for GPU tensors and ``chunk`` elsewhere.
 TORCH_CHUNK_ENV_VAR = "ZEBRA_GDN_TORCH_CHUNK"
-TORCH_CHUNK_CHOICES = ("chunk", "parallel", "parallel-compiled")
-
-
-def torch_chunk_choice(on_gpu: bool) -> str:
-    """``ZEBRA_GDN_TORCH_CHUNK``, read at each call: ``auto`` (default) picks ``parallel`` on CUDA/ROCm GPUs and
-    ``chunk`` elsewhere; anything else must be one of ``TORCH_CHUNK_CHOICES``."""
-    choice = os.environ.get(TORCH_CHUNK_ENV_VAR, "auto").strip().lower() or "auto"
-    if choice == "auto":
-        return "parallel" if on_gpu else "chunk"
-    if choice not in TORCH_CHUNK_CHOICES:
-        raise ValueError(
-            f"{TORCH_CHUNK_ENV_VAR}={choice!r} is not valid; use one of auto, {', '.join(TORCH_CHUNK_CHOICES)}."
-        )
-    return choice
-
+TORCH_CHUNK = Switch(
+    TORCH_CHUNK_ENV_VAR,
+    ops=("GDN chunk",),
+    governs=frozenset({"torch-chunk", "torch-parallel", "torch-parallel-compiled"}),
+    values={
+        AUTO: SwitchValue(),
+        "chunk": _only("torch-chunk"),
+        "parallel": _only("torch-parallel"),
+        "parallel-compiled": _only("torch-parallel-compiled"),
+    },
+    doc="the PyTorch GDN formulation: auto (parallel on GPUs, chunk elsewhere), chunk, parallel, parallel-compiled",
+)
 
 # The package's C++ CPU kernels for inference (``ops/cpu_extension.py``: serving's GDN decode step and prompt
 # chunks, the gated RMSNorm): ``auto`` builds them on first use and runs them where they fit, ``torch`` keeps
 # their PyTorch paths.
 CPU_KERNELS_ENV_VAR = "ZEBRA_CPU_KERNELS"
-CPU_KERNELS_CHOICES = ("auto", "torch")
+CPU_KERNELS = Switch(
+    CPU_KERNELS_ENV_VAR,
+    ops=("GDN decode step", "GDN prefill in slots"),
+    governs=frozenset({"cpp"}),
+    values={AUTO: SwitchValue(), "torch": SwitchValue(frozenset())},
+    doc="the C++ CPU kernels: auto (built on first use, run where they fit), torch (their PyTorch paths)",
+)
+
+# sdpa's kernel for packed rows (``attention_policy.py`` names them): the flex path has not yet run on a
+# GPU in this project's tests (docs/gpu.md), so a user can step around it.
+PACKED_SDPA_ENV_VAR = "ZEBRA_PACKED_SDPA"
+PACKED_SDPA = Switch(
+    PACKED_SDPA_ENV_VAR,
+    ops=("attention",),
+    governs=frozenset({"flex_block_mask", "sdpa_per_segment", "dense_mask"}),
+    values={
+        AUTO: SwitchValue(),
+        "flex": _only("flex_block_mask"),
+        "per_segment": _only("sdpa_per_segment"),
+        "dense_mask": _only("dense_mask"),
+    },
+    applies=lambda details: details.get("attn_implementation") == "sdpa",
+    doc="sdpa's packed-row kernel: auto (flex on GPUs, per-segment sdpa elsewhere), flex, per_segment, dense_mask",
+)
+
+SWITCHES: tuple[Switch, ...] = (GDN_BACKEND, TORCH_CHUNK, CPU_KERNELS, PACKED_SDPA)
 
 
 def cpu_kernels_choice() -> str:
-    """``ZEBRA_CPU_KERNELS``, read at each call: ``auto`` (default) or ``torch``; anything else is refused."""
-    choice = os.environ.get(CPU_KERNELS_ENV_VAR, "auto").strip().lower() or "auto"
-    if choice not in CPU_KERNELS_CHOICES:
-        raise ValueError(
-            f"{CPU_KERNELS_ENV_VAR}={choice!r} is not valid; use one of {', '.join(CPU_KERNELS_CHOICES)}."
-        )
-    return choice
+    """``ZEBRA_CPU_KERNELS``: ``auto`` (default) or ``torch``; anything else is refused. Read by
+    ``ops/cpu_extension.py``, which builds the kernels."""
+    return CPU_KERNELS.value()
+
+
+def triton_interpreter_enabled() -> bool:
+    """Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, as triton itself parses it)."""
+    return os.environ.get(TRITON_INTERPRET_ENV_VAR, "0").strip().lower() in ("1", "true", "on", "yes")

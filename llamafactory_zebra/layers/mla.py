@@ -31,8 +31,8 @@ Where the norms sit (``config.mla_norm``):
 Attention itself goes through transformers' attention interface, so ``eager``, ``sdpa`` and
 ``flash_attention_2`` (with its varlen path for packed sequences) all work unchanged; FlashAttention
 goes through ``flash_attention.py`` (transformers' FA core without a transformers 5.6.0 bug), and
-packed rows on sdpa through :func:`packed_sdpa_attention`, which reads the samples' borders instead of
-a ``T x T`` mask (``attention_policy.py`` says which kernel runs what).
+packed rows on sdpa through :func:`flex_sdpa_attention` or :func:`per_segment_sdpa_attention`, which read
+the samples' borders instead of a ``T x T`` mask (the kernel registry's ``attention`` op says which).
 
 Decoding (a cache with earlier tokens and a few new queries) takes the absorbed path of DeepSeek-V2
 (§2.1.2 of its report): ``kv_b_proj``'s key half is folded into the queries and its value half into the
@@ -45,6 +45,7 @@ per-token scale is fixed).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -53,14 +54,15 @@ from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..attention_policy import (
-    BORDER_KERNELS,
     EAGER,
     FLASH_ATTENTION_BACKENDS,
+    PACKED_DENSE_MASK,
+    PACKED_FLASH_VARLEN,
     PACKED_FLEX,
-    SDPA,
-    packed_attention_kernel,
+    PACKED_PER_SEGMENT_SDPA,
 )
 from ..configuration_zebra import MLA_NORM_LORA, MLA_NORM_QK_HEAD, ZebraConfig
+from ..kernels import packed_attention_kernel
 from ..ops.packed_attention import flex_packed_attention, per_segment_sdpa
 from ..parallel.attention import ulysses_attention
 from ..rope import mla_softmax_scale
@@ -133,27 +135,53 @@ def eager_attention_forward(
     return output, weights
 
 
-def packed_sdpa_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    cu_seq_lens_q: torch.Tensor | None = None,
-    **kwargs,
-) -> tuple[torch.Tensor, None]:
-    """sdpa for packed rows: the samples' borders (``cu_seq_lens_q``, as FlashAttention's varlen path takes
-    them) instead of a ``T x T`` mask, on the kernel ``attention_policy.packed_attention_kernel`` names
-    (``ops/packed_attention.py``). Same contract as transformers' attention functions."""
-    if cu_seq_lens_q is None or attention_mask is not None:
-        raise ValueError("packed sdpa attention takes the samples' borders (cu_seq_lens_q) and no attention mask")
-    if packed_attention_kernel(SDPA, query.device.type) == PACKED_FLEX:
-        if dropout:
-            raise ValueError(f"attention_dropout={dropout} on packed rows: flex_attention has no dropout; set it to 0")
-        return flex_packed_attention(query, key, value, cu_seq_lens_q, scaling), None
-    return per_segment_sdpa(query, key, value, cu_seq_lens_q, scaling, dropout), None
+def _on_the_borders(kernel: Callable) -> Callable:
+    """A transformers attention function for packed rows that runs ``kernel(query, key, value, cu_seqlens,
+    scale, dropout)`` on the samples' borders (``cu_seq_lens_q``, as FlashAttention's varlen path takes them)
+    instead of a ``T x T`` mask (``ops/packed_attention.py``). Same contract as transformers' functions."""
+
+    @functools.wraps(kernel)
+    def attention(
+        module: nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        scaling: float,
+        dropout: float = 0.0,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        if cu_seq_lens_q is None or attention_mask is not None:
+            raise ValueError("packed sdpa attention takes the samples' borders (cu_seq_lens_q) and no attention mask")
+        return kernel(query, key, value, cu_seq_lens_q, scaling, dropout), None
+
+    return attention
+
+
+def _flex_without_dropout(query, key, value, cu_seqlens, scale, dropout):
+    if dropout:
+        raise ValueError(f"attention_dropout={dropout} on packed rows: flex_attention has no dropout; set it to 0")
+    return flex_packed_attention(query, key, value, cu_seqlens, scale)
+
+
+def _per_segment(query, key, value, cu_seqlens, scale, dropout):
+    return per_segment_sdpa(query, key, value, cu_seqlens, scale, dropout)
+
+
+# Packed rows through ``flex_attention`` with a block mask, or as one causal sdpa call per sample.
+flex_sdpa_attention = _on_the_borders(_flex_without_dropout)
+per_segment_sdpa_attention = _on_the_borders(_per_segment)
+
+
+# The registry's ``attention`` keys → the function a packed row's attention calls (the dense mask: the
+# model's own attention function, ``ZebraMLA.attention_function``).
+PACKED_ATTENTION_FUNCTIONS: dict[str, Callable | None] = {
+    PACKED_FLASH_VARLEN: flash_attention_forward,
+    PACKED_FLEX: flex_sdpa_attention,
+    PACKED_PER_SEGMENT_SDPA: per_segment_sdpa_attention,
+    PACKED_DENSE_MASK: None,
+}
 
 
 class ZebraMLA(nn.Module):
@@ -320,13 +348,17 @@ class ZebraMLA(nn.Module):
         return self.out_proj(output.reshape(batch, length, -1))
 
     def attention_function(self, packed: bool, query: torch.Tensor) -> Callable:
-        """The attention function for this call: FlashAttention (varlen when packed), sdpa on the samples'
-        borders for packed rows when the attention policy says so, else transformers' registered one."""
+        """The attention function for this call: for packed rows the kernel registry's choice
+        (``kernels.packed_attention_kernel``: FlashAttention varlen, flex or per-sample sdpa on the samples'
+        borders, or the dense mask with the model's own function), else FlashAttention or transformers'
+        registered function."""
         implementation = self.config._attn_implementation
+        if packed:
+            function = PACKED_ATTENTION_FUNCTIONS[packed_attention_kernel(implementation, query.device.type)]
+            if function is not None:
+                return function
         if implementation in FLASH_ATTENTION_BACKENDS:
             return flash_attention_forward
-        if packed and packed_attention_kernel(implementation, query.device.type) in BORDER_KERNELS:
-            return packed_sdpa_attention
         if implementation in (None, EAGER):
             return eager_attention_forward
         return ALL_ATTENTION_FUNCTIONS[implementation]

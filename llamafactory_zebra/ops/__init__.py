@@ -1,12 +1,13 @@
 """Math of the Zebra GDN layer, in fla's layout: fla's Triton kernels on GPUs, PyTorch elsewhere; and MLA's
 causal attention over packed rows on PyTorch's own kernels (``packed_attention.py``, imported from there).
 
-``ZEBRA_GDN_BACKEND=auto|torch|fla`` selects the implementation (see ``backend.py``). Modules never
+Which implementation runs is the kernel registry's choice (``kernels/registry.py``;
+``ZEBRA_GDN_BACKEND=auto|torch|fla`` among its switches). Modules never
 import ``layers/``; layers call these functions. Packed-sample borders (``cu_seqlens``) come from
 ``llamafactory_zebra.packing``.
 """
 
-from .backend import BACKEND_ENV_VAR
+from ..kernels import BACKEND_ENV_VAR
 from .causal_conv1d import causal_conv1d, causal_conv1d_in_slots, causal_conv1d_update, causal_conv1d_update_in_slots
 from .cpu_extension import cpu_kernels
 from .gated_delta_rule import (

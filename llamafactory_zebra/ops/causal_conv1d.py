@@ -1,8 +1,9 @@
 """Short causal depthwise convolution (GDN's q/k/v conv) with packed-sample borders and a decode state.
 
 ``torch.nn.functional.conv1d`` neither resets at packed-sample borders nor carries a decode state, and
-fla's ``causal_conv1d`` needs a GPU; this is the PyTorch path with fla's contract, and the dispatch to
-fla's kernel on GPUs.
+fla's ``causal_conv1d`` needs a GPU; this is the PyTorch path with fla's contract, and fla's kernel where
+the kernel registry (``kernels/registry.py``, op ``conv``) chooses it: :data:`SEQUENCE_IMPLEMENTATIONS` and
+:data:`STEP_IMPLEMENTATIONS` map its keys to the functions.
 
 State layout (fla's ``fla.modules.causal_conv1d`` / formerly ``fla.modules.convolution``): a
 ``[N, D, W]`` tensor holding the last ``W`` inputs of each sequence, oldest first, newest at
@@ -16,7 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .backend import fla_ops
+from ..kernels import CONV, Call, run
+from .backend import fla_function
 from .segments import check_cu_seqlens_layout, segment_bounds
 
 _FLA_CONV = ("fla.modules.causal_conv1d", "fla.modules.convolution")
@@ -74,18 +76,22 @@ def causal_conv1d(
             f"initial_state must have shape [N, D, W] = {(num_seqs, x.shape[2], width)}, got {tuple(initial_state.shape)}."
         )
 
-    fla = fla_ops(x, *_FLA_CONV)
-    if fla is not None:
-        return fla.causal_conv1d(
-            x=x,
-            weight=weight,
-            bias=bias,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            activation=activation,
-            cu_seqlens=None if cu_seqlens is None else cu_seqlens.to(torch.int64),
-        )
-    return _causal_conv1d_torch(x, weight, bias, activation, initial_state, output_final_state, cu_seqlens)
+    return run(
+        CONV, Call.of(x), SEQUENCE_IMPLEMENTATIONS, x, weight, bias, activation, initial_state, output_final_state,
+        cu_seqlens,
+    )  # fmt: skip
+
+
+def _causal_conv1d_fla(x, weight, bias, activation, initial_state, output_final_state, cu_seqlens):
+    return fla_function(_FLA_CONV, "causal_conv1d")(
+        x=x,
+        weight=weight,
+        bias=bias,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        activation=activation,
+        cu_seqlens=None if cu_seqlens is None else cu_seqlens.to(torch.int64),
+    )
 
 
 def _causal_conv1d_torch(x, weight, bias, activation, initial_state, output_final_state, cu_seqlens):
@@ -151,10 +157,15 @@ def causal_conv1d_update(
         got = tuple(conv_state.shape) if isinstance(conv_state, torch.Tensor) else type(conv_state).__name__
         raise ValueError(f"conv_state must have shape [N, D, W] = {expected}, got {got}.")
 
-    fla = fla_ops(x, *_FLA_CONV)
-    if fla is not None:
-        return fla.causal_conv1d_update(x=x, cache=conv_state, weight=weight, bias=bias, activation=activation)
+    return run(CONV, Call.of(x), STEP_IMPLEMENTATIONS, x, conv_state, weight, bias, activation)
 
+
+def _causal_conv1d_update_fla(x, conv_state, weight, bias, activation):
+    update = fla_function(_FLA_CONV, "causal_conv1d_update")
+    return update(x=x, cache=conv_state, weight=weight, bias=bias, activation=activation)
+
+
+def _causal_conv1d_update_torch(x, conv_state, weight, bias, activation):
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     token = x.reshape(x.shape[0], x.shape[-1]).to(dtype)
     window = torch.cat([conv_state[..., 1:].to(dtype), token[..., None]], dim=-1)
@@ -163,6 +174,11 @@ def causal_conv1d_update(
         y = y + bias.to(dtype)
     conv_state.copy_(window)
     return _activate(y, activation).view(x.shape).to(x.dtype), conv_state
+
+
+# The registry's keys → the functions, for whole sequences and for decode steps (op ``conv``).
+SEQUENCE_IMPLEMENTATIONS = {"fla": _causal_conv1d_fla, "torch": _causal_conv1d_torch}
+STEP_IMPLEMENTATIONS = {"fla": _causal_conv1d_update_fla, "torch": _causal_conv1d_update_torch}
 
 
 def causal_conv1d_in_slots(

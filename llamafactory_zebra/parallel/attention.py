@@ -7,7 +7,7 @@ built per forward from the :class:`~.context.SequenceParallelContext`, so it kno
 of the whole rows and hands them to the core attention in the form it reads:
 
 - FlashAttention-2/3 and sdpa: the borders themselves over all ``B * T`` tokens of the whole rows, no
-  mask (``packing.flash_varlen_kwargs``); sdpa reads them through ``layers/mla.packed_sdpa_attention``,
+  mask (``packing.flash_varlen_kwargs``); sdpa reads them through ``layers/mla.py``'s packed-row functions,
   which the layer hands in as ``core_attention`` (``attention_policy.packed_attention_kernel``);
 - eager: the ``[B, 1, T, T]`` block-diagonal causal mask (quadratic: CPU and short rows only).
 
@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from ..attention_policy import BORDER_KERNELS, SEQUENCE_PARALLEL_ATTENTION, packed_attention_kernel
+from ..attention_policy import BORDER_KERNELS, SEQUENCE_PARALLEL_ATTENTION
+from ..kernels import packed_attention_kernel
 from ..packing import block_causal_mask, flash_varlen_kwargs
 from .collectives import all_to_all
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 from ..attention_policy import PLANNER_ATTENTION
 from ..configuration_zebra import GDN, MLA, ZebraConfig
+from ..kernels.registry import FLA, TORCH
+from ..loss import CHUNKED, LIGER, LOGITS
 
 FP32 = 4
 # fla's and this package's chunked delta rule both cut sequences into 64-token chunks.
@@ -35,8 +37,9 @@ GDN_CHUNK = 64
 # Chunk length of this package's PyTorch fused cross-entropy (loss.py's DEFAULT_CHUNK_TOKENS).
 TORCH_CE_CHUNK = 1024
 
-GDN_BACKENDS = ("fla", "torch")
-LOSS_BACKENDS = ("liger", "chunked", "unfused")
+# The kernel families whose saved tensors the planner models (the registry's names).
+GDN_BACKENDS = (FLA, TORCH)
+LOSS_BACKENDS = (LIGER, CHUNKED, LOGITS)
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,8 @@ class Kernels:
     """Which implementation runs each op whose saved tensors differ between implementations."""
 
     attention: str = "flash_attention_2"
-    gdn: str = "fla"
-    loss: str = "liger"
+    gdn: str = FLA
+    loss: str = LIGER
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -226,7 +229,7 @@ class LossMemory:
 def loss_memory(config: ZebraConfig, tokens: int, act_bytes: int, kernels: Kernels) -> LossMemory:
     """Memory of lm_head + cross-entropy over ``tokens`` tokens on one rank.
 
-    unfused (transformers' ``ForCausalLMLoss``): bf16 logits, their fp32 copy and fp32 log-softmax in
+    logits (transformers' ``ForCausalLMLoss``, fused cross-entropy off): bf16 logits, their fp32 copy and fp32 log-softmax in
     forward; log-softmax output kept; two fp32 vocab-sized gradients in backward.
     liger / chunked: the gradient w.r.t. the hidden states and lm_head is computed chunk by chunk in
     forward and kept (``grad_input`` tokens × hidden, ``grad_weight`` vocab × hidden), so only one chunk
@@ -234,9 +237,9 @@ def loss_memory(config: ZebraConfig, tokens: int, act_bytes: int, kernels: Kerne
     """
     d = _dims(config, act_bytes)
     a, h, V = d.a, d.h, d.vocab
-    if kernels.loss == "unfused":
+    if kernels.loss == LOGITS:
         return LossMemory(saved=FP32 * V * tokens, peak_extra=2 * FP32 * V * tokens)
-    if kernels.loss == "liger":
+    if kernels.loss == LIGER:
         chunk = min(tokens, liger_chunk_tokens(tokens, h, V))
         return LossMemory(saved=a * h * tokens + a * V * h, peak_extra=a * chunk * V + a * V * h)
     chunk = min(tokens, TORCH_CE_CHUNK)

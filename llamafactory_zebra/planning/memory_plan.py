@@ -12,9 +12,12 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..attention_policy import PACKED_DENSE_MASK, packed_attention_kernel
+from ..attention_policy import PACKED_DENSE_MASK
 from ..configuration_zebra import ZebraConfig
 from ..hparams import check_sequence_parallel_size
+from ..kernels import packed_attention_kernel
+from ..kernels.registry import FLA
+from ..loss import LIGER, LOGITS
 from .activations import ActivationEstimate, Kernels, activation_estimate, inference_cache_bytes, loss_memory
 from .hardware import usable_bytes
 from .model_states import ModelStates, Sharding, model_state_bytes
@@ -77,7 +80,7 @@ class TrainingSetup:
     @property
     def kernels(self) -> Kernels:
         """What runs on the GPU: fla for GDN; the attention LLaMA-Factory's ``flash_attn`` picks; the loss."""
-        return Kernels(attention=self.attention, gdn="fla", loss="liger" if self.fused_cross_entropy else "unfused")
+        return Kernels(attention=self.attention, gdn=FLA, loss=LIGER if self.fused_cross_entropy else LOGITS)
 
     def trainable_params(self) -> int:
         c = self.config
@@ -98,7 +101,7 @@ class MemoryPlan:
     states: ModelStates
     activations: ActivationEstimate
     packing_mask: float
-    """Packing on a dense-mask kernel (``attention_policy.packed_attention_kernel``; for sdpa only when
+    """Packing on a dense-mask kernel (``kernels.packed_attention_kernel``; for sdpa only when
     ``ZEBRA_PACKED_SDPA=dense_mask``): the ``[B, 1, T, T]`` boolean block-diagonal mask the model builds."""
     unfused_logits_peak: float
     fused_logits_peak: float
@@ -153,8 +156,8 @@ def make_plan(setup: TrainingSetup) -> MemoryPlan:
         states=states,
         activations=activations,
         packing_mask=float(mask),
-        unfused_logits_peak=logits_peak("unfused"),
-        fused_logits_peak=logits_peak("liger"),
+        unfused_logits_peak=logits_peak(LOGITS),
+        fused_logits_peak=logits_peak(LIGER),
         inference_cache=inference_cache_bytes(setup.config, setup.cutoff_len, act_bytes=setup.act_bytes),
     )
 

@@ -18,7 +18,7 @@ from typing import Any
 from ..attention_policy import PLANNER_ATTENTION, attn_implementation_for
 from ..configuration_zebra import ZebraConfig
 from ..hparams import read_run_arguments
-from ..presets import PRESET_HUB_IDS, PRESETS
+from ..presets import preset_name
 from ..released import checkpoint_layout, load_checkpoint_config
 from .memory_plan import TrainingSetup
 
@@ -32,16 +32,15 @@ def resolve_model_config(name_or_path: str) -> tuple[ZebraConfig, str]:
                 f"model_type {ZebraConfig.model_type!r}, or AMD's layout with a hybrid_config.json)"
             )
         return load_checkpoint_config(name_or_path), name_or_path
-    if name_or_path in PRESETS:
-        return ZebraConfig.from_preset(name_or_path), f"preset {name_or_path}"
-    by_hub_id = {hub_id: preset for preset, hub_id in PRESET_HUB_IDS.items()}
-    if name_or_path in by_hub_id:
-        preset = by_hub_id[name_or_path]
-        return ZebraConfig.from_preset(preset), f"{name_or_path} (preset {preset})"
-    raise ValueError(
-        f"model_name_or_path {name_or_path!r} is neither a local directory nor a known Zebra model; use a "
-        f"checkpoint directory, a preset ({', '.join(sorted(PRESETS))}) or one of {', '.join(sorted(by_hub_id))}"
-    )
+    try:
+        preset = preset_name(name_or_path)
+    except ValueError as error:
+        raise ValueError(
+            f"model_name_or_path {name_or_path!r} is neither a local directory nor a known Zebra model; use a "
+            f"checkpoint directory or a preset name: {error}"
+        ) from None
+    where = f"preset {preset}" if preset == name_or_path else f"{name_or_path} (preset {preset})"
+    return ZebraConfig.from_preset(preset), where
 
 
 def _training_field(values: dict[str, Any], name: str) -> Any:

@@ -20,6 +20,7 @@ import torch
 from huggingface_hub.errors import StrictDataclassError
 
 from ..configuration_zebra import MLA_NORM_NONE, ZebraConfig
+from ..kernels import this_machine
 from ..layers.mla import ZebraMLA
 from .keys import checkpoint_keys
 from .layout import RELEASED_HYBRID_CONFIG, RELEASED_LAYOUT, checkpoint_layout, load_checkpoint_config
@@ -93,20 +94,12 @@ def verification_tokens(tokenizer, max_tokens: int) -> torch.Tensor:
     return torch.tensor([ids])
 
 
-def cpu_supports_bf16() -> bool:
-    """AVX512-BF16 or AMX: bf16 matmuls run natively; elsewhere torch emulates them slowly."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def pick_dtype(name: str) -> torch.dtype:
+    """``auto``: bf16 where it runs natively (a GPU, or a CPU with bf16 dot products), fp32 elsewhere."""
     if name != "auto":
         return getattr(torch, name)
-    return torch.bfloat16 if torch.cuda.is_available() or cpu_supports_bf16() else torch.float32
+    machine = this_machine()
+    return torch.bfloat16 if machine.has_gpu or machine.cpu_bf16_dot_products else torch.float32
 
 
 # The next convention must score at least this much worse than the best for a verdict. Measured: the
@@ -189,7 +182,7 @@ def verify_checkpoint(model_dir: str, dtype_name: str = "auto", max_tokens: int 
         input_ids = verification_tokens(tokenizer, max_tokens)
     except ValueError as error:
         raise CheckpointNotLoadable(f"{model_dir}: {error}") from error
-    if torch.cuda.is_available():
+    if this_machine().has_gpu:
         model, input_ids = model.cuda(), input_ids.cuda()
     scores = score_conventions(model, input_ids)
     table, status = render(scores, configured_convention(model.config), model_dir, model.config.vocab_size)

@@ -12,7 +12,8 @@ from repo_paths import FIXTURES
 
 from llamafactory_zebra.data.registry import SAMPLES_DIR, registry_dataset_info
 from llamafactory_zebra.integration import datasets as seams
-from llamafactory_zebra.integration.seams import UpstreamSeamChanged
+from llamafactory_zebra.integration.seams import install
+from llamafactory_zebra.seam import UpstreamSeamChanged
 
 DATASETS = FIXTURES / "datasets"
 
@@ -150,7 +151,7 @@ def test_a_changed_upstream_signature_is_refused():
     with pytest.raises(
         UpstreamSeamChanged, match=r"get_dataset_list now takes \('names', 'dataset_dir', 'streaming'\)"
     ):
-        seams.on_parser_module_loaded(fake)
+        install(fake)
     fake_ui = types.ModuleType("llamafactory.webui.common")
     with pytest.raises(UpstreamSeamChanged, match="load_dataset_info is gone"):
-        seams.on_webui_common_loaded(fake_ui)
+        install(fake_ui)

@@ -20,7 +20,7 @@ from repo_paths import FIXTURES
 
 from llamafactory_zebra.data.row_policy import EmptyDataError, MalformedDataError
 from llamafactory_zebra.data.stages import StageMismatchError
-from llamafactory_zebra.integration.seams import ORIGINAL
+from llamafactory_zebra.seam import ORIGINAL
 
 pytestmark = pytest.mark.usefixtures("dataset_seams")
 

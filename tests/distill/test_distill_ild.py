@@ -10,7 +10,7 @@ from llamafactory_zebra.distill.ild import ild_layer_losses, teacher_forced, tea
 from llamafactory_zebra.distill.teacher import teacher_inputs
 from llamafactory_zebra.distill.trainer import freeze_outside_ild
 from llamafactory_zebra.hparams import ZebraArguments
-from llamafactory_zebra.integration.seams import register_sinkless_flash_attention
+from llamafactory_zebra.integration.registrations import register_sinkless_flash_attention
 from llamafactory_zebra.testing.models import tiny_model
 
 

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from llamafactory_zebra.distill.kd_loss import full_logits_kd_loss_sums, kd_loss_sums
-from llamafactory_zebra.loss import IGNORE_INDEX, liger_can_run, shifted_targets
+from llamafactory_zebra.kernels import DISTILLATION_LOSS, Call, this_machine
+from llamafactory_zebra.kernels import select as select_kernel
+from llamafactory_zebra.loss import IGNORE_INDEX, LIGER, shifted_targets
 
 
 def sft_batch(dtype, batch=2, length=37, hidden=16, teacher_hidden=24, vocab=101, seed=0):
@@ -74,7 +76,10 @@ def test_kd_rejects_mismatched_vocabularies():
         kd_loss_sums(h_s, w_s, h_t, w_t[:100], targets)
 
 
-@pytest.mark.skipif(not liger_can_run(), reason="Liger's Triton kernels need a CUDA/ROCm GPU")
+@pytest.mark.skipif(
+    select_kernel(DISTILLATION_LOSS, Call.on("cuda"), this_machine()).kernel.key != LIGER,
+    reason="Liger's Triton kernels need a CUDA/ROCm GPU and liger-kernel",
+)
 @pytest.mark.parametrize("reverse", [False, True])
 def test_liger_backend_matches_full_logits_on_gpu(reverse):
     batch = [t.cuda() for t in sft_batch(torch.float32, teacher_hidden=16)]

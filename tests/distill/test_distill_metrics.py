@@ -50,9 +50,9 @@ def test_the_log_callback_writes_the_distillation_metrics_on_the_same_line(tmp_p
 
     from llamafactory.train import callbacks
 
-    from llamafactory_zebra.integration.distill import patch_log_callback
+    from llamafactory_zebra.integration.seams import install
 
-    patch_log_callback(callbacks)
+    install(callbacks, only=("LogCallback.on_log",))
     callback = callbacks.LogCallback()
     callback.thread_pool = SimpleNamespace(submit=lambda function, *args: function(*args))
     args = SimpleNamespace(should_save=True, output_dir=str(tmp_path))

@@ -13,7 +13,8 @@ import textwrap
 
 import pytest
 
-from llamafactory_zebra.integration import chat_exit, seams
+from llamafactory_zebra import seam
+from llamafactory_zebra.integration import seams
 
 # The engine's own Thread name, started the way LLaMA-Factory's _stream_chat starts it, then the
 # interpreter exits at once.
@@ -21,14 +22,15 @@ EXIT_DURING_GENERATION = textwrap.dedent(
     """
     import sys, torch
     from llamafactory.chat import hf_engine
-    from llamafactory_zebra.integration import chat_exit, seams
+    from llamafactory_zebra import seam
+    from llamafactory_zebra.integration import seams
     from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
     from transformers import AutoModelForCausalLM
 
-    if sys.argv[1] == "joined" and not seams.is_wrapped(hf_engine, "Thread"):
-        chat_exit.on_hf_engine_loaded(hf_engine)
-    if sys.argv[1] == "stock" and seams.is_wrapped(hf_engine, "Thread"):
-        seams.unwrap(hf_engine, "Thread")
+    if sys.argv[1] == "joined":
+        seams.install(hf_engine)
+    if sys.argv[1] == "stock" and seam.is_wrapped(hf_engine, "Thread"):
+        seam.unwrap(hf_engine, "Thread")
     model = AutoModelForCausalLM.from_pretrained(sys.argv[2]).eval()
     prompt = torch.tensor([[1, 2, 3]])
     kwargs = dict(inputs=prompt, max_new_tokens=400, min_new_tokens=400, do_sample=False)
@@ -40,9 +42,8 @@ EXIT_DURING_GENERATION = textwrap.dedent(
 
 def _engine_module():
     hf_engine = importlib.import_module("llamafactory.chat.hf_engine")
-    installed_here = not seams.is_wrapped(hf_engine, "Thread")
-    if installed_here:
-        chat_exit.on_hf_engine_loaded(hf_engine)
+    installed_here = not seam.is_wrapped(hf_engine, "Thread")
+    seams.install(hf_engine)
     return hf_engine, installed_here
 
 
@@ -59,7 +60,7 @@ def test_only_a_zebra_generate_thread_stops_being_a_daemon(tiny_model_dir):
         assert hf_engine.Thread(target=print, daemon=True).daemon
     finally:
         if installed_here:
-            seams.unwrap(hf_engine, "Thread")
+            seam.unwrap(hf_engine, "Thread")
 
 
 @pytest.mark.slow

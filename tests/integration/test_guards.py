@@ -49,11 +49,15 @@ def test_fp16_is_refused_on_rocm_only(tmp_path):
     assert check_training_setup(model_args, data_args, training_args, finetuning_args, ZEBRA, is_rocm=False) == []
 
 
-def test_rocm_is_detected_from_torch_version_hip(tmp_path, monkeypatch):
+def test_rocm_is_detected_from_the_torch_build(tmp_path, monkeypatch):
+    """The machine probe (``kernels.this_machine``) says whether torch is a ROCm build."""
+    from llamafactory_zebra.integration import guards
+    from llamafactory_zebra.kernels import Stack
+
     args = _args(tmp_path, fp16=True)
-    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(guards, "this_machine", lambda: Stack("cpu", toolkit="CUDA 13.0"))
     assert check_training_setup(*args, ZEBRA) == []
-    monkeypatch.setattr(torch.version, "hip", "6.4.43482")
+    monkeypatch.setattr(guards, "this_machine", lambda: Stack("cpu", toolkit="ROCm 6.4.43482"))
     with pytest.raises(ValueError, match="bf16 only"):
         check_training_setup(*args, ZEBRA)
 

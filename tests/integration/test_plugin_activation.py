@@ -45,6 +45,7 @@ def _probe(**env):
 def test_fresh_interpreter_registers_zebra_with_llamafactory():
     found = _probe()
     assert found["models"] == [
+        "HyLo-Qwen3-1.7B-7MLA21GDN-1M-Instruct",
         "HyLo-Qwen3-1.7B-7MLA21GDN-64K-Instruct",
         "HyLo-Qwen3-1.7B-7MLA21GDN-8K-Instruct",
         "Zebra-Qwen3-1.7B-7MLA21GDN-1M-Instruct",

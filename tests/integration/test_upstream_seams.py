@@ -1,33 +1,81 @@
-"""Fails loudly when a LLaMA-Factory upgrade moves any name the plugin wraps or relies on."""
+"""Fails loudly when a LLaMA-Factory upgrade moves any name the plugin wraps or relies on; the one seam
+mechanism (``llamafactory_zebra/seam.py``) on stand-ins."""
 
 import dataclasses
 import functools
+import hashlib
 import importlib
+import inspect
 from types import ModuleType, SimpleNamespace
 
 import pytest
 from llamafactory_zebra_hook import WATCHED_MODULES
 from repo_paths import DOCS
 
-from llamafactory_zebra.integration import activation, seams
+from llamafactory_zebra import seam
+from llamafactory_zebra.integration import registrations, seams
+from llamafactory_zebra.integration.sequence_parallel import ACCELERATOR_PREPARE
 
 
-@pytest.mark.parametrize(("module_name", "attribute", "parameters"), seams.UPSTREAM_SEAMS)
-def test_declared_seams_exist_with_the_expected_signature(module_name, attribute, parameters):
-    module = importlib.import_module(module_name)
-    seams.require_seam(module, attribute, parameters)
+@pytest.mark.parametrize("record", seams.LLAMAFACTORY_SEAMS, ids=lambda record: record.name)
+def test_declared_seams_are_as_recorded(record):
+    assert seam.drift(record) is None
+
+
+def test_one_record_per_name():
+    names = [record.name for record in seams.LLAMAFACTORY_SEAMS]
+    assert len(names) == len(set(names)), sorted(name for name in names if names.count(name) > 1)
 
 
 def test_changed_signature_is_reported_with_the_disable_hint():
-    fake = SimpleNamespace(__name__="llamafactory.fake", load_config=lambda model_args, extra: None)
-    with pytest.raises(seams.UpstreamSeamChanged, match="LLAMAFACTORY_ZEBRA_DISABLE"):
-        seams.require_seam(fake, "load_config", ("config",))
+    fake = ModuleType("llamafactory.train.tuner")
+    fake.run_exp = lambda args, extra: None
+    with pytest.raises(
+        seam.UpstreamSeamChanged, match=r"run_exp now takes \('args', 'extra'\).*LLAMAFACTORY_ZEBRA_DISABLE"
+    ):
+        seams.install(fake)
 
 
-def test_every_watched_module_has_a_handler_and_exists():
-    assert set(activation.HANDLERS) == WATCHED_MODULES
+def test_every_watched_module_has_changes_to_install_and_exists():
+    assert seams.modules_installed_at_import() == WATCHED_MODULES
     for name in WATCHED_MODULES:
         assert importlib.util.find_spec(name) is not None, name
+
+
+def test_the_drift_check_reads_signatures_fields_and_sources():
+    """Each kind of record on a stand-in module, as recorded and after a change."""
+
+    def launch(args, callbacks=None, *, mode="train"):
+        return args
+
+    @dataclasses.dataclass
+    class Metadata:
+        num_decodes: int = 0
+
+    module = ModuleType("upstream_stand_in")
+    module.launch, module.Metadata = launch, Metadata
+    digest = hashlib.sha256(inspect.getsource(launch).encode()).hexdigest()
+    records = {
+        "order": seam.Seam("upstream_stand_in", "launch", ("args", "callbacks")),
+        "keywords": seam.Seam("upstream_stand_in", "launch", keywords=("mode",)),
+        "source": seam.Seam("upstream_stand_in", "launch", source_sha256=digest),
+        "fields": seam.Seam("upstream_stand_in", "Metadata", fields=("num_decodes",)),
+    }
+    assert {kind: seam.drift(record, module) for kind, record in records.items()} == dict.fromkeys(records)
+
+    def launch(callbacks, args):  # noqa: F811  the upgrade: order, keyword and source all changed
+        return args
+
+    @dataclasses.dataclass
+    class Metadata:  # noqa: F811
+        decodes: int = 0
+
+    module.launch, module.Metadata = launch, Metadata
+    found = {kind: seam.drift(record, module) for kind, record in records.items()}
+    assert "now takes ('callbacks', 'args'), expected ('args', 'callbacks') first" in found["order"]
+    assert "no longer takes mode" in found["keywords"] and "source changed" in found["source"]
+    assert "has no num_decodes any more" in found["fields"]
+    assert "is gone" in seam.drift(seam.Seam("upstream_stand_in", "missing"), module)
 
 
 def test_the_wrappers_are_installed_in_the_imported_modules():
@@ -122,6 +170,9 @@ def test_llamafactory_loader_reads_a_released_layout_directory(tmp_path):
     assert config.layer_types == ["gdn", "mla", "gdn", "gdn"]
 
 
+LOAD_CONFIG = seam.Seam("llamafactory.model.loader", "load_config", ("model_args",))
+
+
 def _fake_loader():
     """A stand-in for ``llamafactory.model.loader`` (a declared seam module) with its own ``load_config``."""
     module = ModuleType("llamafactory.model.loader")
@@ -143,23 +194,27 @@ def _wrapper_of(original):
 
 def test_wrap_marks_the_original_and_refuses_a_second_wrap():
     module, original = _fake_loader()
-    seams.wrap(module, "load_config", _wrapper_of(original))
-    assert module.load_config(None) == "zebra" and seams.is_wrapped(module, "load_config")
-    assert getattr(module.load_config, seams.ORIGINAL) is original
-    with pytest.raises(seams.AlreadyWrapped, match="llamafactory.model.loader.load_config is already wrapped"):
-        seams.wrap(module, "load_config", _wrapper_of(module.load_config))
-    seams.unwrap(module, "load_config")
-    assert module.load_config is original and not seams.is_wrapped(module, "load_config")
+    seam.wrap(LOAD_CONFIG, module, _wrapper_of(original))
+    assert module.load_config(None) == "zebra" and seam.is_wrapped(module, "load_config")
+    assert getattr(module.load_config, seam.ORIGINAL) is original and seam.original(module, "load_config") is original
+    with pytest.raises(seam.AlreadyWrapped, match="llamafactory.model.loader.load_config is already wrapped"):
+        seam.wrap(LOAD_CONFIG, module, _wrapper_of(module.load_config))
+    seam.unwrap(module, "load_config")
+    assert module.load_config is original and not seam.is_wrapped(module, "load_config")
 
 
-def test_wrap_refuses_undeclared_names_and_wrappers_of_something_else():
+def test_install_loops_over_the_table_and_refuses_undeclared_names_and_wrappers_of_something_else():
     module, original = _fake_loader()
-    module.not_a_seam = original
-    with pytest.raises(KeyError, match="not declared in UPSTREAM_SEAMS"):
-        seams.wrap(module, "not_a_seam", _wrapper_of(original))
+    table = (dataclasses.replace(LOAD_CONFIG, wrapper=lambda m: _wrapper_of(m.load_config)),)
+    seam.install(table, module)
+    seam.install(table, module)  # idempotent
+    assert module.load_config(None) == "zebra" and seam.original(module, "load_config") is original
+    with pytest.raises(KeyError, match="not_a_seam not declared in the seam table"):
+        seam.install(table, module, only=("not_a_seam",))
+    other, original = _fake_loader()
     with pytest.raises(ValueError, match="functools.wraps around its current value"):
-        seams.wrap(module, "load_config", lambda model_args: None)
-    assert module.load_config is original
+        seam.wrap(LOAD_CONFIG, other, lambda model_args: None)
+    assert other.load_config is original
 
 
 def test_installed_wrappers_went_through_the_door():
@@ -176,11 +231,11 @@ def test_installed_wrappers_went_through_the_door():
         ("llamafactory.launcher", "launch"),
     ]
     for module_name, attribute in wrapped_at_import:
-        assert seams.is_wrapped(importlib.import_module(module_name), attribute), f"{module_name}.{attribute}"
+        assert seam.is_wrapped(importlib.import_module(module_name), attribute), f"{module_name}.{attribute}"
     # One wrapper on get_train_args, directly around LLaMA-Factory's own function.
     parser = importlib.import_module("llamafactory.hparams.parser")
-    original = getattr(parser.get_train_args, seams.ORIGINAL)
-    assert original.__module__ == "llamafactory.hparams.parser" and not hasattr(original, seams.ORIGINAL)
+    original = getattr(parser.get_train_args, seam.ORIGINAL)
+    assert original.__module__ == "llamafactory.hparams.parser" and not hasattr(original, seam.ORIGINAL)
 
 
 def test_the_docs_seam_table_lists_exactly_the_declared_seams():
@@ -188,7 +243,7 @@ def test_the_docs_seam_table_lists_exactly_the_declared_seams():
     section = docs.split("## What changes, and where", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     documented = [line.split("`")[1] for line in rows]
-    declared = [f"{module}.{attribute}" for module, attribute, _ in seams.UPSTREAM_SEAMS]
+    declared = [record.name for record in seams.LLAMAFACTORY_SEAMS]
     assert sorted(documented) == sorted(declared)
 
 
@@ -201,20 +256,16 @@ def test_wrapped_method_changes_one_object_for_one_block():
     def prepare_nothing(*objects):
         return "zebra"
 
-    with seams.wrapped_method(accelerator, "prepare", prepare_nothing):
-        assert accelerator.prepare(None) == "zebra" and getattr(accelerator.prepare, seams.ORIGINAL) is not None
+    with seam.wrapped_method(ACCELERATOR_PREPARE, accelerator, prepare_nothing):
+        assert accelerator.prepare(None) == "zebra" and getattr(accelerator.prepare, seam.ORIGINAL) is not None
         assert other.prepare is not prepare_nothing and "prepare" not in vars(other)
-        with pytest.raises(seams.AlreadyWrapped, match="Accelerator.prepare is already replaced"):
-            with seams.wrapped_method(accelerator, "prepare", functools.wraps(accelerator.prepare)(lambda x: x)):
+        with pytest.raises(seam.AlreadyWrapped, match="Accelerator.prepare is already replaced"):
+            wrapper = functools.wraps(accelerator.prepare)(lambda x: x)
+            with seam.wrapped_method(ACCELERATOR_PREPARE, accelerator, wrapper):
                 pass
     assert "prepare" not in vars(accelerator) and accelerator.prepare.__func__ is Accelerator.prepare
     with pytest.raises(ValueError, match="functools.wraps"):
-        with seams.wrapped_method(accelerator, "prepare", lambda *objects: None):
-            pass
-    with pytest.raises(KeyError, match="Accelerator.prepare_model is not declared"):
-        with seams.wrapped_method(
-            accelerator, "prepare_model", functools.wraps(accelerator.prepare_model)(lambda *a: None)
-        ):
+        with seam.wrapped_method(ACCELERATOR_PREPARE, accelerator, lambda *objects: None):
             pass
     assert "prepare" not in vars(accelerator)
 
@@ -245,17 +296,17 @@ def test_transformers_registrations_are_exactly_the_declared_ones():
 
     import llamafactory_zebra  # noqa: F401
 
-    declared = {(registry, key) for registry, key, _ in seams.TRANSFORMERS_REGISTRATIONS}
+    declared = {(registry, key) for registry, key, _ in registrations.TRANSFORMERS_REGISTRATIONS}
     before = dict(AttentionInterface._global_mapping)
     try:
-        seams.register_sinkless_flash_attention()
-        seams.register_sinkless_flash_attention()
+        registrations.register_sinkless_flash_attention()
+        registrations.register_sinkless_flash_attention()
         assert _plugin_registrations() == declared
     finally:
         AttentionInterface._global_mapping.clear()
         AttentionInterface._global_mapping.update(before)
     with pytest.raises(KeyError, match="not declared in TRANSFORMERS_REGISTRATIONS"):
-        seams.register_attention_function("sdpa", print)
+        registrations.register_attention_function("sdpa", print)
 
 
 def test_the_docs_registry_table_lists_exactly_the_declared_registrations():
@@ -263,4 +314,4 @@ def test_the_docs_registry_table_lists_exactly_the_declared_registrations():
     section = docs.split("### transformers' registries", 1)[1].split("\n## ", 1)[0]
     rows = [line.split("`") for line in section.splitlines() if line.startswith("| `")]
     documented = sorted((row[1], row[3]) for row in rows)
-    assert documented == sorted((registry, key) for registry, key, _ in seams.TRANSFORMERS_REGISTRATIONS)
+    assert documented == sorted((registry, key) for registry, key, _ in registrations.TRANSFORMERS_REGISTRATIONS)

@@ -9,7 +9,8 @@ import pytest
 from repo_paths import REPO
 
 from llamafactory_zebra.integration import webui
-from llamafactory_zebra.integration.seams import UpstreamSeamChanged
+from llamafactory_zebra.integration.seams import install
+from llamafactory_zebra.seam import UpstreamSeamChanged
 
 
 def _interface_recording_bind_address() -> tuple[ModuleType, list[str | None]]:
@@ -35,8 +36,8 @@ def test_web_ui_and_demo_bind_loopback_unless_told_otherwise(monkeypatch, enviro
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
     interface, seen = _interface_recording_bind_address()
-    webui.on_interface_loaded(interface)
-    webui.on_interface_loaded(interface)  # a second activation must not wrap twice
+    install(interface)
+    install(interface)  # a second activation must not wrap twice
     interface.run_web_ui()
     interface.run_web_demo()
     assert seen == [expected, expected]
@@ -84,8 +85,8 @@ def _engine_module(pure_chat: bool) -> ModuleType:
 def test_page_load_update_carries_zebra_defaults(monkeypatch):
     monkeypatch.setattr("llamafactory.extras.misc.is_accelerator_available", lambda: False)
     module = _engine_module(pure_chat=False)
-    webui.on_engine_loaded(module)
-    webui.on_engine_loaded(module)
+    install(module)
+    install(module)
     first, second = list(module.Engine().resume())
     expected = {key: ("component", attrs) for key, attrs in webui.initial_values(False).items()}
     assert first == {"top.lang": ("component", {"value": "en"}), **expected}
@@ -94,7 +95,7 @@ def test_page_load_update_carries_zebra_defaults(monkeypatch):
 
 def test_pure_chat_page_has_no_training_elements_to_update():
     module = _engine_module(pure_chat=True)
-    webui.on_engine_loaded(module)
+    install(module)
     assert list(module.Engine().resume())[0] == {"top.lang": ("component", {"value": "en"})}
 
 
@@ -122,8 +123,8 @@ def _runner_module() -> ModuleType:
 )
 def test_preset_name_trains_with_the_preset_json(ds_stage, expected):
     module = _runner_module()
-    webui.on_runner_loaded(module)
-    webui.on_runner_loaded(module)
+    install(module)
+    install(module)
     args = module.Runner()._parse_train_args({"train.ds_stage": ds_stage})
     assert args.get("deepspeed") == expected
 
@@ -132,4 +133,4 @@ def test_changed_upstream_signature_is_reported():
     module = _runner_module()
     module.Runner._parse_train_args = lambda self, form: {}
     with pytest.raises(UpstreamSeamChanged, match="_parse_train_args"):
-        webui.on_runner_loaded(module)
+        install(module)

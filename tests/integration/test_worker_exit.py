@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from llamafactory_zebra.integration import seams, worker_exit
+from llamafactory_zebra.integration import worker_exit
+from llamafactory_zebra.seam import is_wrapped
 
 # A stand-in for llamafactory.train.tuner, wrapped by the real seam handler. Its atexit line is what
 # interpreter teardown would run; "after" is what the entry point would do next.
@@ -16,6 +17,7 @@ SCRIPT = textwrap.dedent(
     """
     import atexit, sys, types
     from llamafactory_zebra.integration import worker_exit
+    from llamafactory_zebra.seam import install
 
     tuner = types.ModuleType("llamafactory.train.tuner")
 
@@ -27,7 +29,7 @@ SCRIPT = textwrap.dedent(
             raise RuntimeError("run failed")
 
     tuner.run_exp = run_exp
-    worker_exit.on_tuner_loaded(tuner)
+    install(worker_exit.SEAMS, tuner)
     tuner.run_exp(sys.argv[1] if len(sys.argv) > 1 else None)
     print("after", flush=True)
     """
@@ -66,4 +68,4 @@ def test_the_seam_is_installed_on_llamafactorys_tuner():
     pytest.importorskip("llamafactory")
     from llamafactory.train import tuner
 
-    assert seams.is_wrapped(tuner, "run_exp")
+    assert is_wrapped(tuner, "run_exp")

@@ -9,6 +9,7 @@ import sys
 import types
 
 import pytest
+import torch
 import yaml
 from llamafactory_cli import BASE_ARGS
 
@@ -29,7 +30,7 @@ from llamafactory_zebra.kernels import (
     resolve,
     stack_from_json,
 )
-from llamafactory_zebra.kernels import resolver as resolve_module
+from llamafactory_zebra.kernels import registry as resolve_module
 
 H200_TRITON_36 = {
     "device": "cuda",
@@ -87,7 +88,9 @@ def test_hopper_with_triton_36_stops_training_but_not_inference():
 )
 def test_outside_the_known_range_training_runs_on_fla(stack):
     resolution = resolve(stack, training=True)
-    assert resolution.choice("GDN chunk").family == "fla" and resolution.problems == ()
+    assert resolution.choice("GDN chunk").family == "fla"
+    assert resolution.with_severity(STOP) == resolution.with_severity(WARN) == []
+    assert all(p.key != ISSUE for p in resolution.problems)
 
 
 def test_rocm_triton_is_read_from_its_own_distribution():
@@ -106,10 +109,10 @@ def test_torch_backend_accepts_the_pytorch_path(monkeypatch):
     monkeypatch.setenv(BACKEND_ENV_VAR, "torch")
     resolution = resolve(h200(), training=True)
     assert resolution.problems == ()
-    assert {c.part: c.kernel for c in resolution.choices if c.part.startswith("GDN")} == {
-        "GDN chunk": "PyTorch chunked GDN (parallel)",  # the GPU-shaped formulation on a GPU
-        "GDN recurrent": "PyTorch recurrent GDN",
-    }
+    # the GPU-shaped formulation on a GPU
+    assert resolution.choice("GDN chunk").kernel == "PyTorch chunked GDN (parallel)"
+    inference = resolve(h200(), training=False)
+    assert inference.choice("GDN recurrent").kernel == "PyTorch recurrent GDN"
     assert resolution.choice("conv").reason == f"{BACKEND_ENV_VAR}=torch"
 
 
@@ -140,7 +143,13 @@ def test_forced_fla_under_the_triton_interpreter_runs_fla_on_cpu(monkeypatch):
 def test_cpu_uses_the_pytorch_paths_without_complaint():
     resolution = resolve(Stack("cpu", versions={"fla-core": "0.6.0", "liger-kernel": "0.8.5"}), training=True)
     assert resolution.problems == ()
-    assert [c.family for c in resolution.choices] == ["torch", "torch", "torch", "sdpa", "chunked"]
+    assert [(c.part, c.family) for c in resolution.choices] == [
+        ("GDN chunk", "torch"),
+        ("conv", "torch"),
+        ("attention", "sdpa"),
+        ("loss", "chunked"),
+        ("distillation loss", "chunked"),
+    ]
 
 
 def test_attention_and_loss_rows():
@@ -292,10 +301,10 @@ def test_inference_entry_points_get_the_wrapped_parser_and_log_without_stopping(
     """chat/api (ChatModel), export and eval-long call ``get_infer_args``: the wrapper resolves for inference."""
     import importlib
 
-    from llamafactory_zebra.integration import seams
+    from llamafactory_zebra.seam import is_wrapped
 
     parser = importlib.import_module("llamafactory.hparams.parser")
-    assert seams.is_wrapped(parser, "get_infer_args")
+    assert is_wrapped(parser, "get_infer_args")
     assert importlib.import_module("llamafactory.hparams").get_infer_args is parser.get_infer_args
     assert importlib.import_module("llamafactory.chat.chat_model").get_infer_args is parser.get_infer_args
     assert importlib.import_module("llamafactory.train.tuner").get_infer_args is parser.get_infer_args
@@ -318,19 +327,33 @@ def test_inference_entry_points_get_the_wrapped_parser_and_log_without_stopping(
     assert "pip install fla-core" in warning and "0.19x / 0.33x" in warning
 
 
-def test_auto_on_a_gpu_tensor_without_fla_warns_once_and_takes_pytorch(monkeypatch):
-    """``ops/backend.py``: the per-tensor fallback is never silent (a stand-in for a CUDA tensor: no GPU here)."""
+def _fla_that_does_not_import_on_a_gpu_tensor(device: str) -> tuple[list[str], str, str, bool]:
+    """Two calls on a (faked) GPU tensor, doctor's row after them, and a call on a CPU tensor."""
+    from llamafactory_zebra.ops import backend
+
+    warnings = []
+    resolve_module.logger.warning = warnings.append
+    gpu_tensor = torch.empty(2, device=device)
+    results = [backend.fla_ops(gpu_tensor, "fla.ops.gated_delta_rule") for _ in range(2)]
+    row = resolve(detect_stack(), training=False).choice("GDN chunk")
+    cpu = backend.fla_ops(torch.empty(2, device="cpu"), "fla.ops.gated_delta_rule")
+    return warnings, row.family, row.reason, results == [None, None] and cpu is None
+
+
+def test_auto_on_a_gpu_tensor_whose_fla_does_not_import_warns_once_and_takes_pytorch(monkeypatch):
+    """``ops/backend.py``: fla installed (per its metadata) but not importing falls back to PyTorch with one
+    warning, and from then on the registry (``resolve`` included) says so. A faked CUDA tensor: no GPU here."""
+    from test_kernel_matrix import on_the_machine
+
     from llamafactory_zebra.ops import backend
 
     monkeypatch.setattr(resolve_module, "_emitted", set())
+    monkeypatch.setattr(resolve_module, "_unusable", {})
+    monkeypatch.setenv(FAKE_STACK_ENV_VAR, json.dumps(H200_TRITON_36))
     monkeypatch.setattr(backend, "fla_module", lambda module: None)
-    warnings = []
-    monkeypatch.setattr(backend.logger, "warning", warnings.append)
-    gpu_tensor = types.SimpleNamespace(is_cuda=True, device=types.SimpleNamespace(type="cuda"))
-    assert backend.fla_ops(gpu_tensor, "fla.ops.gated_delta_rule") is None
-    assert backend.fla_ops(gpu_tensor, "fla.ops.gated_delta_rule") is None
+    resolve_module._select.cache_clear()
+    gpu = Stack("cuda", "NVIDIA H200", (9, 0), "sm_90", H200_TRITON_36["versions"])
+    warnings, family, reason, all_pytorch = on_the_machine(gpu, _fla_that_does_not_import_on_a_gpu_tensor)
     (warning,) = warnings
     assert "pip install fla-core" in warning and "0.19x / 0.33x" in warning
-    cpu_tensor = types.SimpleNamespace(is_cuda=False, device=types.SimpleNamespace(type="cpu"))
-    monkeypatch.setattr(resolve_module, "_emitted", set())
-    assert backend.fla_ops(cpu_tensor, "fla.ops.gated_delta_rule") is None and len(warnings) == 1  # CPU: expected
+    assert family == "torch" and "does not load here" in reason and all_pytorch

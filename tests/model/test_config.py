@@ -1,3 +1,4 @@
+import argparse
 import json
 
 import pytest
@@ -61,6 +62,24 @@ def test_state_dict_keys_follow_the_released_layout():
 def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(ValueError, match="tiny"):
         ZebraConfig.from_preset("qwen4")
+    with pytest.raises(ValueError, match="also with a hylo- or zebra- prefix"):
+        ZebraConfig.from_preset("hylo-qwen4")
+
+
+@pytest.mark.parametrize(
+    "name", ["HyLo-Qwen3-1.7B-7MLA21GDN-64K", "hylo_qwen3_1.7b_7mla21gdn_64k", "amd/HyLo-Qwen-7MLA21GDN-64K"]
+)
+def test_amds_hylo_names_are_the_presets(name, tmp_path):
+    """AMD's tooling calls the models HyLo: the names a user types for a preset, the planner and ``init``."""
+    from llamafactory_zebra.cli.init_cmd import run
+    from llamafactory_zebra.planning.yaml_setup import resolve_model_config
+
+    assert ZebraConfig.from_preset(name).to_dict() == ZebraConfig.from_preset("qwen3-1.7b-7mla21gdn-64k").to_dict()
+    config, where = resolve_model_config(name)
+    assert where.endswith("(preset qwen3-1.7b-7mla21gdn-64k)") and config.max_position_embeddings == 65_536
+    args = argparse.Namespace(preset="HyLo-Tiny", output_dir=str(tmp_path), overwrite=False, allow_large=False)
+    assert run(argparse.Namespace(**vars(args), seed=0, dtype="float32")) == 0
+    assert (tmp_path / "config.json").is_file()
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """The GPU-shaped PyTorch gated delta rule (``chunk_parallel.py``) against the fp64 token-by-token reference,
-and the choice between it and ``chunk.py`` (``torch_path.py``)."""
+and the choice between it and ``chunk.py`` (the kernel registry's ``GDN chunk`` op)."""
 
 import pytest
 import torch
@@ -12,15 +12,16 @@ from test_ops_gated_delta_rule import (
     run,
 )
 
+from llamafactory_zebra.kernels import GDN_CHUNK, Call, select
+from llamafactory_zebra.kernels.switches import TORCH_CHUNK_ENV_VAR
 from llamafactory_zebra.ops import BACKEND_ENV_VAR
 from llamafactory_zebra.ops.gated_delta_rule import (
-    TORCH_CHUNK_ENV_VAR,
     chunk_gated_delta_rule,
     chunk_gated_delta_rule_parallel,
     chunk_gated_delta_rule_torch,
     naive_recurrent_gated_delta_rule,
-    torch_chunk_function,
 )
+from llamafactory_zebra.ops.gated_delta_rule.dispatch import CHUNK_IMPLEMENTATIONS
 from llamafactory_zebra.testing.models import tiny_model
 
 # A 1-token segment, an empty one, exactly one chunk (64), chunk + 1 (65), an odd tail (3), two chunks + 7.
@@ -128,16 +129,21 @@ def test_compiled_matches_reference_in_fp64():
 
 
 def test_choice_follows_the_device_and_the_env_var(monkeypatch):
-    cpu = torch.zeros(1)
+    def chosen(device_type: str):
+        return CHUNK_IMPLEMENTATIONS[select(GDN_CHUNK, Call.on(device_type)).kernel.key]
+
+    monkeypatch.setenv(BACKEND_ENV_VAR, "torch")
     monkeypatch.delenv(TORCH_CHUNK_ENV_VAR, raising=False)
-    assert torch_chunk_function(cpu) is chunk_gated_delta_rule_torch
+    assert chosen("cpu") is chunk_gated_delta_rule_torch and chosen("cuda") is chunk_gated_delta_rule_parallel
     monkeypatch.setenv(TORCH_CHUNK_ENV_VAR, "parallel")
-    assert torch_chunk_function(cpu) is chunk_gated_delta_rule_parallel
+    assert chosen("cpu") is chunk_gated_delta_rule_parallel
+    monkeypatch.setenv(TORCH_CHUNK_ENV_VAR, "chunk")
+    assert chosen("cuda") is chunk_gated_delta_rule_torch
     monkeypatch.setenv(TORCH_CHUNK_ENV_VAR, "parallel-compiled")
-    assert torch_chunk_function(cpu).keywords == {"compile": True}
+    assert chosen("cpu").keywords == {"compile": True}
     monkeypatch.setenv(TORCH_CHUNK_ENV_VAR, "fast")
     with pytest.raises(ValueError, match=f"{TORCH_CHUNK_ENV_VAR}='fast' is not valid; use one of auto, chunk"):
-        torch_chunk_function(cpu)
+        chosen("cpu")
 
 
 def test_dispatch_runs_the_chosen_path(monkeypatch):

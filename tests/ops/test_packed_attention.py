@@ -12,13 +12,10 @@ import warnings
 import pytest
 import torch
 
-from llamafactory_zebra import attention_policy, modeling_zebra
-from llamafactory_zebra.attention_policy import (
-    PACKED_DENSE_MASK,
-    PACKED_FLEX,
-    PACKED_PER_SEGMENT_SDPA,
-    packed_attention_kernel,
-)
+from llamafactory_zebra import modeling_zebra
+from llamafactory_zebra.attention_policy import PACKED_DENSE_MASK, PACKED_FLEX, PACKED_PER_SEGMENT_SDPA
+from llamafactory_zebra.kernels import packed_attention_kernel
+from llamafactory_zebra.kernels.switches import PACKED_SDPA_ENV_VAR
 from llamafactory_zebra.layers.mla import ZebraMLA
 from llamafactory_zebra.modeling_zebra import ZebraRotaryEmbedding
 from llamafactory_zebra.ops import packed_attention
@@ -106,10 +103,10 @@ def test_the_policy_picks_the_kernel_by_device_and_lets_the_user_force_one(monke
     assert packed_attention_kernel("sdpa", "cpu") == PACKED_PER_SEGMENT_SDPA
     assert packed_attention_kernel("sdpa", "cuda") == PACKED_FLEX
     assert packed_attention_kernel("eager", "cuda") == PACKED_DENSE_MASK
-    monkeypatch.setenv(attention_policy.PACKED_SDPA_ENV_VAR, "dense_mask")
+    monkeypatch.setenv(PACKED_SDPA_ENV_VAR, "dense_mask")
     assert packed_attention_kernel("sdpa", "cuda") == PACKED_DENSE_MASK
     assert packed_attention_kernel("flash_attention_2", "cuda") == "flash_varlen"
-    monkeypatch.setenv(attention_policy.PACKED_SDPA_ENV_VAR, "blocky")
+    monkeypatch.setenv(PACKED_SDPA_ENV_VAR, "blocky")
     with pytest.raises(ValueError, match="ZEBRA_PACKED_SDPA='blocky' is not valid; use one of auto, flex"):
         packed_attention_kernel("sdpa", "cpu")
 
@@ -207,7 +204,7 @@ def test_flex_attention_refuses_dropout_with_a_clear_message(monkeypatch):
     config = tiny_config(attention_dropout=0.1)
     config._attn_implementation = "sdpa"
     layer = ZebraMLA(config, layer_idx=0).double().train()
-    monkeypatch.setenv(attention_policy.PACKED_SDPA_ENV_VAR, "flex")
+    monkeypatch.setenv(PACKED_SDPA_ENV_VAR, "flex")
     hidden = torch.randn(*SEGMENTS.shape, config.hidden_size, dtype=torch.float64)
     cos, sin = ZebraRotaryEmbedding(config)(hidden, positions_within_segments(SEGMENTS))
     with pytest.raises(ValueError, match="attention_dropout=0.1 on packed rows: flex_attention has no dropout"):

@@ -11,10 +11,8 @@ from .in_slots import (
     fused_recurrent_gated_delta_rule_in_slots,
 )
 from .naive import naive_recurrent_gated_delta_rule
-from .torch_path import TORCH_CHUNK_ENV_VAR, torch_chunk_function
 
 __all__ = [
-    "TORCH_CHUNK_ENV_VAR",
     "chunk_gated_delta_rule_in_slots",
     "cpu_has_bf16_dot_products",
     "chunk_gated_delta_rule",
@@ -25,5 +23,4 @@ __all__ = [
     "fused_recurrent_gated_delta_rule_torch",
     "gdn_gates",
     "naive_recurrent_gated_delta_rule",
-    "torch_chunk_function",
 ]

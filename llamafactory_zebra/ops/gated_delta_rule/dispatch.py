@@ -1,21 +1,53 @@
 """Public gated-delta-rule entry points: fla's kernels on a GPU, this package's PyTorch code elsewhere.
 
-Both paths share fla's contract, so a layer calls one function and never cares where it runs (which
-PyTorch chunked formulation runs is decided in ``torch_path.py``). fla is always called with keyword
-arguments: its positional order differs between releases (e.g. 0.6 put ``gk`` after ``g`` in the
-fused recurrent op).
+Every implementation shares fla's contract, so a layer calls one function and never cares where it
+runs. Which one runs for a call is the kernel registry's choice (``kernels/registry.py``, ops ``GDN
+chunk`` and ``GDN recurrent``), made at each call from the inputs; :data:`CHUNK_IMPLEMENTATIONS` and
+:data:`RECURRENT_IMPLEMENTATIONS` map its keys to the functions. fla is always called with keyword
+arguments: its positional order differs between releases (e.g. 0.6 put ``gk`` after ``g`` in the fused
+recurrent op).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 
-from ..backend import fla_ops
+from ...kernels import GDN_CHUNK, GDN_RECURRENT, Call, run
+from ..backend import fla_function
 from .checks import check_gdn_inputs
+from .chunk import chunk_gated_delta_rule_torch
+from .chunk_parallel import chunk_gated_delta_rule_parallel
 from .fused_recurrent import fused_recurrent_gated_delta_rule_torch
-from .torch_path import torch_chunk_function
 
 _FLA_GDN = "fla.ops.gated_delta_rule"
+
+
+def _fla(name: str) -> Callable:
+    """fla's ``name`` with this package's signature: keywords only, ``cu_seqlens`` as int64."""
+
+    def call(q, k, v, g, beta, *, cu_seqlens=None, **options):
+        function = fla_function((_FLA_GDN,), name)
+        fla_cu_seqlens = None if cu_seqlens is None else cu_seqlens.to(torch.int64)
+        return function(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=fla_cu_seqlens, **options)
+
+    call.__name__ = f"fla_{name}"
+    return call
+
+
+# The registry's keys → the functions (a test checks they name exactly its entries).
+CHUNK_IMPLEMENTATIONS: dict[str, Callable] = {
+    "fla": _fla("chunk_gated_delta_rule"),
+    "torch-parallel-compiled": functools.partial(chunk_gated_delta_rule_parallel, compile=True),
+    "torch-parallel": chunk_gated_delta_rule_parallel,
+    "torch-chunk": chunk_gated_delta_rule_torch,
+}
+RECURRENT_IMPLEMENTATIONS: dict[str, Callable] = {
+    "fla": _fla("fused_recurrent_gated_delta_rule"),
+    "torch": fused_recurrent_gated_delta_rule_torch,
+}
 
 
 def chunk_gated_delta_rule(
@@ -50,8 +82,8 @@ def chunk_gated_delta_rule(
         and this signature's orders part ways.
     """
     return _dispatch(
-        "chunk_gated_delta_rule",
-        lambda *args, **kwargs: torch_chunk_function(q)(*args, **kwargs),  # chosen after the input checks
+        GDN_CHUNK,
+        CHUNK_IMPLEMENTATIONS,
         (q, k, v, g, beta),
         scale=scale,
         initial_state=initial_state,
@@ -79,8 +111,8 @@ def fused_recurrent_gated_delta_rule(
     fla's kernel has no backward; the PyTorch path is differentiable.
     """
     return _dispatch(
-        "fused_recurrent_gated_delta_rule",
-        fused_recurrent_gated_delta_rule_torch,
+        GDN_RECURRENT,
+        RECURRENT_IMPLEMENTATIONS,
         (q, k, v, g, beta),
         scale=scale,
         initial_state=initial_state,
@@ -90,12 +122,8 @@ def fused_recurrent_gated_delta_rule(
     )
 
 
-def _dispatch(fla_name, torch_function, inputs, *, cu_seqlens, **options):
-    """Check once, then fla's kernel of that name on a GPU (keywords only), the PyTorch function elsewhere."""
+def _dispatch(op, implementations, inputs, *, cu_seqlens, **options):
+    """Check once, then the registry's choice for these inputs."""
     q, k, v, g, beta = inputs
     check_gdn_inputs(q, k, v, g, beta, options["initial_state"], cu_seqlens)
-    fla = fla_ops(q, _FLA_GDN)
-    if fla is not None:
-        fla_cu_seqlens = None if cu_seqlens is None else cu_seqlens.to(torch.int64)
-        return getattr(fla, fla_name)(q=q, k=k, v=v, g=g, beta=beta, cu_seqlens=fla_cu_seqlens, **options)
-    return torch_function(q, k, v, g, beta, cu_seqlens=cu_seqlens, **options)
+    return run(op, Call.of(q), implementations, q, k, v, g, beta, cu_seqlens=cu_seqlens, **options)

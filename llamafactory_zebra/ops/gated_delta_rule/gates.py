@@ -7,7 +7,7 @@ Per token and head (fla's ``GatedDeltaNet`` parametrisation)::
 
 Why not fla's (``fla.ops.gated_delta_rule.gate``, fla 0.6): the module imports Triton at import time
 and its PyTorch reference ``naive_gdn_gate`` computes in fp32 only; this package imports fla solely for
-GPU tensors (``ops/backend.py``), and the fp64 reference runs need the gates in fp64. The few elementwise ops on ``[T, H]`` are not worth a
+GPU tensors (the kernel registry), and the fp64 reference runs need the gates in fp64. The few elementwise ops on ``[T, H]`` are not worth a
 kernel next to the recurrence they feed.
 """
 

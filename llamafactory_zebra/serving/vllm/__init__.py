@@ -40,12 +40,11 @@ def register() -> None:
     from vllm import ModelRegistry
 
     from .amx import request_amx_tiles
-    from .config_parser import ARCHITECTURE, register_config_parser_for_released_layout, register_zebra_config
-    from .seams import install as install_vllm_fixes
+    from .config_parser import ARCHITECTURE, register_zebra_config
+    from .seams import install as install_vllm_seams
 
     request_amx_tiles()  # before any vLLM kernel runs in this process (amx.py)
     register_zebra_config()
-    install_vllm_fixes()
-    register_config_parser_for_released_layout()
+    install_vllm_seams()  # the fixes and the released layout's config parser (seams.py)
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, "llamafactory_zebra.serving.vllm.model:ZebraForCausalLM")

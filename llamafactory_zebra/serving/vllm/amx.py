@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import torch
 
+from ...kernels.stack import AMX_TILE, this_machine
+
 
 def request_amx_tiles() -> bool:
-    """Ask Linux for this process's AMX tile state where the CPU has AMX; True when granted.
+    """Ask Linux for this process's AMX tile state where the CPU has AMX (the machine probe,
+    ``kernels/stack.py``: PyTorch's ``torch.cpu._is_amx_tile_supported``); True when granted.
 
     A CPU without AMX tiles (``amx_tile`` missing from ``lscpu``'s flags) needs nothing and gets False.
     """
-    if not torch.cpu._is_amx_tile_supported():
+    if AMX_TILE not in this_machine().cpu_features:
         return False
     return bool(torch.cpu._init_amx())

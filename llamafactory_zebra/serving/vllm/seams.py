@@ -1,9 +1,20 @@
-"""Every vLLM function the serving plugin replaces, in one place, with the upstream source it was written against.
+"""The vLLM side of the seam door: every vLLM name the serving plugin replaces or registers, with the upstream
+source it was written against, and the vLLM API surface the serving layer reads.
 
 vLLM offers no hook for any fix below, so :func:`install` (called by ``register()`` in every vLLM
-process) wraps the upstream functions. ``VLLM_SEAMS`` records the SHA-256 of each wrapped function's
-source as read in vLLM 0.32; ``tests_vllm/test_vllm_seams.py`` fails when an upgrade changes any of them,
-so a changed upstream is re-read before the wrapper is trusted again.
+process) loops over :data:`VLLM_SEAMS` (the mechanism is ``llamafactory_zebra/seam.py``): each wrapper
+through ``seam.wrap``, the config parser through vLLM's own ``register_config_parser``. Each record keeps
+the SHA-256 of the upstream source as read in vLLM 0.32 (or the parameters relied on);
+``tests_vllm/test_vllm_seams.py`` fails when an upgrade changes any of them, so a changed upstream is
+re-read before the wrapper is trusted again, and :func:`install` logs the drift at start-up.
+
+:data:`VLLM_API` lists the vLLM names ``gdn.py``, ``mla.py``, ``model.py``, ``config_parser.py`` and this
+module read without replacing them — the GDN metadata's fields, the forward context's, the keyword names of
+``vllm._custom_ops.causal_conv1d_*_cpu``, the argument order of ``MambaStateShapeCalculator.
+gated_delta_net_state_shape``, the layers' constructor keywords — checked with ``inspect`` by the same
+test without starting an engine, so a vLLM bump fails naming the changed name, not as a parity failure.
+
+0. Released-layout checkpoints (``config_parser.py``): a config parser under vLLM's ``hf`` name.
 
 1. LoRA rows without an adapter (CPU). vLLM's CPU LoRA ops (``vllm/lora/ops/torch_ops/lora_ops.py``)
    select each token's adapter with ``stack[index]``; a request without an adapter has index -1, which
@@ -28,66 +39,18 @@ so a changed upstream is re-read before the wrapper is trusted again.
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib
-import inspect
+import logging
 from collections.abc import Callable
+from types import ModuleType
 
 import torch
 
-# (module, attribute path, SHA-256 of the upstream source in vLLM 0.32). The first three are what fix 1
-# relies on: the shrink op, the prefill op that calls it by its module-global name, and the CPU wrapper
-# that calls it for decode steps and logits.
-VLLM_SEAMS: tuple[tuple[str, str, str], ...] = (
-    (
-        "vllm.lora.ops.torch_ops.lora_ops",
-        "bgmv_shrink",
-        "e7a5eafed74a2bc1b505dd46bfba7fefff868ac36985a5a5bc9ab1fda2f713e1",
-    ),
-    (
-        "vllm.lora.ops.torch_ops.lora_ops",
-        "sgmv_shrink",
-        "1f116c7327f60a71ef43b66a326c6307adba5ede84f8a74ba1fa291ca4ccc090",
-    ),
-    (
-        "vllm.lora.punica_wrapper.punica_cpu",
-        "PunicaWrapperCPU",
-        "acc9bc9cf24eb2dbbcd0e4e2d3e01b007e3fafba3cf16fc2eba0571070afc30a",
-    ),
-    (
-        "vllm.lora.worker_manager",
-        "WorkerLoRAManager._load_adapter",
-        "e05648e184ddc4f7653516d774688af9e5864a851ea6ec34c49a93a39a942126",
-    ),
-    # Fix 3: the split that reads the block size, and the platform hook that resets it.
-    (
-        "vllm.v1.core.sched.scheduler",
-        "Scheduler._mamba_block_aligned_split",
-        "b2a08c774ae495bfdd509380e8d14ccdd0bd2c5b70219720a926059a0d8eb9b0",
-    ),
-    (
-        "vllm.platforms.cpu",
-        "CpuPlatform.check_and_update_config",
-        "d2960ad5d183676793d6988a9a4ed50175d18dbf8baf70fc01f686d50887a0df",
-    ),
-)
+from ...seam import Seam, original
+from ...seam import install as install_seams
 
-# The upstream objects as they were before install(), for the drift test and the wrappers.
-ORIGINALS: dict[tuple[str, str], Callable] = {}
-
-
-def upstream(module_name: str, attribute: str) -> Callable:
-    """The upstream object, unwrapped even after :func:`install`."""
-    if (module_name, attribute) in ORIGINALS:
-        return ORIGINALS[(module_name, attribute)]
-    owner = importlib.import_module(module_name)
-    for part in attribute.split("."):
-        owner = getattr(owner, part)
-    return owner
-
-
-def source_hash(obj: Callable) -> str:
-    return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()
+logger = logging.getLogger(__name__)
+HINT = "re-read serving/vllm/seams.py's record of it, fix the code that relies on it and record the new value"
 
 
 def _shrink_without_adapter_rows(shrink: Callable) -> Callable:
@@ -135,25 +98,124 @@ def _split_at_the_mamba_block_size(split: Callable) -> Callable:
     return zebra_mamba_block_aligned_split
 
 
-def install() -> None:
-    """Apply the fixes (idempotent: each process's plugin load calls it once or more)."""
-    from vllm.v1.core.sched.scheduler import Scheduler
+def _fixed_shrink(module: ModuleType) -> Callable:
+    return _shrink_without_adapter_rows(original(module, "bgmv_shrink"))
 
+
+def _the_fixed_shrink(module: ModuleType) -> Callable:
+    """``punica_cpu`` imported ``bgmv_shrink`` by name: it gets the wrapper ``lora_ops`` got."""
+    return importlib.import_module(LORA_OPS).bgmv_shrink
+
+
+def _adapter_refusals(module: ModuleType) -> Callable:
     from .lora import load_adapter_naming_the_fix
 
-    lora_ops = importlib.import_module("vllm.lora.ops.torch_ops.lora_ops")
-    punica_cpu = importlib.import_module("vllm.lora.punica_wrapper.punica_cpu")
-    worker_manager = importlib.import_module("vllm.lora.worker_manager")
-    if ("vllm.lora.ops.torch_ops.lora_ops", "bgmv_shrink") in ORIGINALS:
-        return
-    ORIGINALS[("vllm.lora.ops.torch_ops.lora_ops", "bgmv_shrink")] = lora_ops.bgmv_shrink
-    load_adapter = worker_manager.WorkerLoRAManager._load_adapter
-    ORIGINALS[("vllm.lora.worker_manager", "WorkerLoRAManager._load_adapter")] = load_adapter
+    return load_adapter_naming_the_fix(original(module, "WorkerLoRAManager._load_adapter"))
 
-    fixed_shrink = _shrink_without_adapter_rows(lora_ops.bgmv_shrink)
-    lora_ops.bgmv_shrink = fixed_shrink  # sgmv_shrink (prompt chunks) calls it by this module-global name
-    punica_cpu.bgmv_shrink = fixed_shrink  # PunicaWrapperCPU's decode steps and logits call it by this one
-    worker_manager.WorkerLoRAManager._load_adapter = load_adapter_naming_the_fix(load_adapter)
-    split = Scheduler._mamba_block_aligned_split
-    ORIGINALS[("vllm.v1.core.sched.scheduler", "Scheduler._mamba_block_aligned_split")] = split
-    Scheduler._mamba_block_aligned_split = _split_at_the_mamba_block_size(split)
+
+def _split_fix(module: ModuleType) -> Callable:
+    return _split_at_the_mamba_block_size(original(module, "Scheduler._mamba_block_aligned_split"))
+
+
+def _released_layout_parser(module: ModuleType) -> None:
+    from .config_parser import register_config_parser_for_released_layout
+
+    register_config_parser_for_released_layout()
+
+
+LORA_OPS = "vllm.lora.ops.torch_ops.lora_ops"
+# What install() changes, in order, with the source each change was written against. Fix 1 wraps the shrink
+# op where the prefill op (by its module-global name) and the CPU wrapper (decode steps, logits) call it.
+VLLM_SEAMS: tuple[Seam, ...] = (
+    Seam("vllm.transformers_utils.config", "register_config_parser", ("config_format",),
+         register=_released_layout_parser, why="fix 0: released-layout checkpoints under the parser name hf"),
+    Seam("vllm.transformers_utils.config", "HFConfigParser.parse",
+         ("self", "model", "trust_remote_code", "revision", "code_revision"), why="fix 0: the parser it extends"),
+    Seam(LORA_OPS, "bgmv_shrink", source_sha256="e7a5eafed74a2bc1b505dd46bfba7fefff868ac36985a5a5bc9ab1fda2f713e1",
+         wrapper=_fixed_shrink, why="fix 1"),
+    Seam(LORA_OPS, "sgmv_shrink", source_sha256="1f116c7327f60a71ef43b66a326c6307adba5ede84f8a74ba1fa291ca4ccc090",
+         why="fix 1: calls bgmv_shrink by its module-global name"),
+    Seam("vllm.lora.punica_wrapper.punica_cpu", "bgmv_shrink",
+         source_sha256="e7a5eafed74a2bc1b505dd46bfba7fefff868ac36985a5a5bc9ab1fda2f713e1", wrapper=_the_fixed_shrink,
+         why="fix 1: the name PunicaWrapperCPU calls"),
+    Seam("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU",
+         source_sha256="acc9bc9cf24eb2dbbcd0e4e2d3e01b007e3fafba3cf16fc2eba0571070afc30a", why="fix 1"),
+    Seam("vllm.lora.worker_manager", "WorkerLoRAManager._load_adapter",
+         source_sha256="e05648e184ddc4f7653516d774688af9e5864a851ea6ec34c49a93a39a942126", wrapper=_adapter_refusals,
+         why="fix 2"),
+    Seam("vllm.v1.core.sched.scheduler", "Scheduler._mamba_block_aligned_split",
+         source_sha256="b2a08c774ae495bfdd509380e8d14ccdd0bd2c5b70219720a926059a0d8eb9b0", wrapper=_split_fix,
+         why="fix 3: the split that reads the block size"),
+    Seam("vllm.platforms.cpu", "CpuPlatform.check_and_update_config",
+         source_sha256="d2960ad5d183676793d6988a9a4ed50175d18dbf8baf70fc01f686d50887a0df",
+         why="fix 3: the platform hook that resets it"),
+)  # fmt: skip
+
+# The vLLM names the serving layer reads without replacing them (module docstring).
+_GDN = "vllm.model_executor.layers.mamba"
+_LINEAR = "vllm.model_executor.layers.linear"
+VLLM_API: tuple[Seam, ...] = (
+    # gdn.py: the GDN layer's metadata, forward context, state shapes and dtypes, conv kernels, layers.
+    Seam("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadata",
+         fields=("num_actual_tokens", "num_decodes", "num_decode_tokens", "num_prefills",
+                 "non_spec_state_indices_tensor", "non_spec_query_start_loc", "has_initial_state")),
+    Seam("vllm.forward_context", "get_forward_context", ()),
+    Seam("vllm.forward_context", "ForwardContext", fields=("attn_metadata", "no_compile_layers")),
+    Seam("vllm._custom_ops", "causal_conv1d_update_cpu",
+         keywords=("x", "conv_states", "weight", "bias", "silu_activation", "conv_state_indices", "is_weight_packed")),
+    Seam("vllm._custom_ops", "causal_conv1d_fwd_cpu",
+         keywords=("x", "weight", "bias", "conv_states", "query_start_loc", "cache_indices", "has_initial_state",
+                   "silu_activation", "is_weight_packed")),
+    Seam(f"{_GDN}.mamba_utils", "MambaStateShapeCalculator.gated_delta_net_state_shape",
+         ("tp_world_size", "num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "conv_kernel_size", "num_spec")),
+    Seam(f"{_GDN}.mamba_utils", "MambaStateDtypeCalculator.gated_delta_net_state_dtype",
+         ("model_dtype", "mamba_cache_dtype", "mamba_ssm_cache_dtype")),
+    Seam(f"{_GDN}.mamba_utils", "MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func", ()),
+    Seam(f"{_GDN}.mamba_utils", "is_conv_state_dim_first", ()),
+    Seam(f"{_GDN}.gdn.base", "GatedDeltaNetAttention.__init__", ("self", "config", "vllm_config", "prefix")),
+    Seam("vllm.config", "CacheConfig", fields=("block_size", "mamba_cache_dtype", "mamba_ssm_cache_dtype")),
+    Seam("vllm.config", "CompilationConfig", fields=("static_forward_context",)),
+    Seam("vllm.config", "ModelConfig", fields=("dtype", "hf_text_config", "architecture")),
+    Seam("vllm.config", "get_current_vllm_config", ()),
+    Seam("vllm.platforms.interface", "Platform.is_cpu", ("self",)),
+    Seam("vllm.utils.torch_utils", "direct_register_custom_op", ("op_name", "op_func"),
+         keywords=("mutates_args", "fake_impl")),
+    Seam("vllm.model_executor.utils", "set_weight_attrs", ("weight", "weight_attrs")),
+    Seam("vllm.model_executor.layers.layernorm", "RMSNormGated.__init__", ("self", "hidden_size", "eps"),
+         keywords=("norm_before_gate",)),
+    Seam("vllm.model_executor.layers.layernorm", "RMSNorm.__init__", ("self", "hidden_size", "eps")),
+    Seam(_LINEAR, "MergedColumnParallelLinear.__init__", ("self", "input_size", "output_sizes", "bias"),
+         keywords=("quant_config", "prefix")),
+    Seam(_LINEAR, "ColumnParallelLinear.__init__", ("self", "input_size", "output_size", "bias"),
+         keywords=("quant_config", "prefix")),
+    Seam(_LINEAR, "ReplicatedLinear.__init__", ("self", "input_size", "output_size", "bias"),
+         keywords=("quant_config", "prefix")),
+    Seam(_LINEAR, "RowParallelLinear.__init__", ("self", "input_size", "output_size", "bias"),
+         keywords=("quant_config", "prefix")),
+    # mla.py: vLLM's paged attention and rotary embedding.
+    Seam("vllm.model_executor.layers.attention", "Attention.__init__", ("self", "num_heads", "head_size", "scale"),
+         keywords=("num_kv_heads", "cache_config", "quant_config", "prefix")),
+    Seam("vllm.model_executor.layers.rotary_embedding", "get_rope", ("head_size",),
+         keywords=("max_position", "is_neox_style", "rope_parameters", "dtype")),
+    # model.py and register(): the model's building blocks and the registry.
+    Seam("vllm.model_executor.layers.vocab_parallel_embedding", "ParallelLMHead.__init__",
+         ("self", "num_embeddings", "embedding_dim"), keywords=("prefix",)),
+    Seam("vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding.__init__",
+         ("self", "num_embeddings", "embedding_dim")),
+    Seam("vllm.model_executor.layers.logits_processor", "LogitsProcessor.__init__", ("self", "vocab_size")),
+    Seam("vllm.model_executor.models.utils", "extract_layer_index", ("layer_name",)),
+    Seam("vllm.model_executor.models.utils", "maybe_prefix", ("prefix", "name")),
+    Seam("vllm.model_executor.model_loader.weight_utils", "default_weight_loader", ("param", "loaded_weight")),
+    Seam("vllm", "ModelRegistry", fields=("register_model", "get_supported_archs")),
+    # seams.py fix 3: how the KV cache describes its groups.
+    Seam("vllm.v1.kv_cache_interface", "MambaSpec", fields=("block_size",)),
+    Seam("vllm.v1.kv_cache_interface", "KVCacheGroupSpec", fields=("kv_cache_spec",)),
+    Seam("vllm.v1.kv_cache_interface", "KVCacheConfig", fields=("kv_cache_groups",)),
+)  # fmt: skip
+
+
+def install() -> None:
+    """Apply the fixes (idempotent: each process's plugin load calls it once or more); a drifted record is
+    logged and the fix still applied (``tests_vllm/test_vllm_seams.py`` is where drift fails)."""
+    for name in dict.fromkeys(seam.module for seam in VLLM_SEAMS):
+        install_seams(VLLM_SEAMS, importlib.import_module(name), hint=HINT, warn=logger.warning)

@@ -1,0 +1,364 @@
+"""What ``doctor`` reports is what the ops call, on a matrix of faked machines.
+
+For each machine — this CPU; this CPU without a C++ compiler; an H200 with Triton 3.6 or 3.7.1, with and
+without fla; an MI300X with ROCm — and each op, the row ``resolve()`` gives (the table ``doctor`` prints
+and the training preflight logs) names a registry key; the op is then called the way the model and the
+serving layer call it, on inputs of that machine's device, and every implementation the op could run is
+replaced by a spy that records its key. On the CPU the spies call through (real tensors, real kernels);
+for a faked GPU the inputs are ``FakeTensorMode`` tensors on ``cuda`` (shapes and dtypes, no data), so the
+spies return outputs of the right shape (in a forked child: see :func:`on_the_machine`). The machine is
+faked the documented way, ``ZEBRA_FAKE_STACK``.
+
+The serving ops of ``ops/gated_delta_rule/in_slots.py`` do not ask the registry yet (phase 2 of issue 36):
+on the CPU the test calls them and checks the branch they take against the registry's row; on a faked
+GPU it checks the one decision they make there (``ops.backend.fla_ops``). The decode step on a machine
+without a compiler is the one cell the current code cannot follow (it builds with this machine's
+compiler), marked as an expected failure until the decode step asks the registry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import json
+import multiprocessing
+import traceback
+import types
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from llamafactory_zebra.kernels import (
+    ATTENTION,
+    CONV,
+    DISTILLATION_LOSS,
+    FAKE_STACK_ENV_VAR,
+    GDN_CHUNK,
+    GDN_DECODE_STEP,
+    GDN_PREFILL_IN_SLOTS,
+    GDN_RECURRENT,
+    LOSS,
+    Stack,
+    registry,
+    resolve,
+    this_machine,
+)
+from llamafactory_zebra.ops import backend
+from llamafactory_zebra.ops.gated_delta_rule import cpu_step, dispatch, in_slots
+from llamafactory_zebra.testing.models import tiny_model
+
+# ``ops/__init__`` exports the function ``causal_conv1d`` under the module's name.
+conv_module = importlib.import_module("llamafactory_zebra.ops.causal_conv1d")
+HOPPER = ("cuda", "NVIDIA H200", (9, 0), "sm_90")
+
+
+def _h200(triton: str, fla: bool) -> Stack:
+    versions = {"torch": "2.11.0", "triton": triton, "liger-kernel": "0.8.5"} | ({"fla-core": "0.6.0"} if fla else {})
+    return Stack(*HOPPER, versions, toolkit="CUDA 13.0", faked=True)
+
+
+MACHINES = {
+    "cpu": dataclasses.replace(this_machine(), faked=True),
+    "cpu, no compiler": dataclasses.replace(this_machine(), compiler=None, faked=True),
+    "h200 triton 3.6 fla": _h200("3.6.0", True),
+    "h200 triton 3.6 no fla": _h200("3.6.0", False),
+    "h200 triton 3.7.1 fla": _h200("3.7.1", True),
+    "h200 triton 3.7.1 no fla": _h200("3.7.1", False),
+    "mi300x rocm": Stack(
+        "rocm",
+        "AMD Instinct MI300X",
+        (9, 4),
+        "gfx942",
+        {"torch": "2.10.0+rocm7.1", "pytorch-triton-rocm": "3.5.0", "fla-core": "0.6.0"},
+        toolkit="ROCm 7.1",
+        faked=True,
+    ),
+}
+PHASE_OF = {
+    GDN_CHUNK: dict(training=True),
+    CONV: dict(training=True),
+    LOSS: dict(training=True),
+    DISTILLATION_LOSS: dict(training=True),
+    GDN_RECURRENT: dict(training=False),
+    ATTENTION: dict(training=False),
+    GDN_PREFILL_IN_SLOTS: dict(training=False, serving=True),
+    GDN_DECODE_STEP: dict(training=False, serving=True),
+}
+
+
+def _as_json(stack: Stack) -> str:
+    fields = dict(device=stack.device, name=stack.name, capability=stack.capability, arch=stack.arch)
+    fields |= dict(versions=dict(stack.versions), cpu_features=sorted(stack.cpu_features), compiler=stack.compiler)
+    return json.dumps(fields | dict(platform=stack.platform, toolkit=stack.toolkit))
+
+
+@pytest.fixture(params=list(MACHINES), ids=list(MACHINES))
+def machine(request, monkeypatch):
+    for variable in ("ZEBRA_GDN_BACKEND", "ZEBRA_GDN_TORCH_CHUNK", "ZEBRA_CPU_KERNELS", "ZEBRA_PACKED_SDPA"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv(FAKE_STACK_ENV_VAR, _as_json(MACHINES[request.param]))
+    monkeypatch.setattr(backend, "fla_module", _fla_stand_in)
+    monkeypatch.setattr(registry, "_unusable", {})
+    registry._select.cache_clear()
+    yield MACHINES[request.param]
+    registry._select.cache_clear()
+
+
+def _fla_stand_in(module: str) -> types.ModuleType:
+    """fla as the ops import it, without importing it (and without the ROCm seams its loading installs)."""
+    return types.ModuleType(module)
+
+
+def doctor_row(stack: Stack, op: str, **settings) -> str:
+    """The registry key of ``op``'s row in the table doctor prints for ``stack``."""
+    return resolve(stack, **PHASE_OF[op], **settings).choice(op).key
+
+
+def spies(monkeypatch, owner, table_name: str, call_through: bool, fake_output) -> list[str]:
+    """Replace every function of ``owner.<table_name>`` by a recorder of its key."""
+    called: list[str] = []
+    table = getattr(owner, table_name)
+
+    def spy(key, function):
+        @functools.wraps(function)
+        def recorded(*args, **kwargs):
+            called.append(key)
+            return function(*args, **kwargs) if call_through else fake_output(*args, **kwargs)
+
+        return recorded
+
+    monkeypatch.setattr(owner, table_name, {key: spy(key, function) for key, function in table.items()})
+    return called
+
+
+def on_the_machine(stack: Stack, run: Callable[[str], Any]) -> Any:
+    """``run(device)`` with the machine's inputs: in this process for a CPU; for a faked GPU in a forked child,
+    under ``FakeTensorMode`` (a fake CUDA tensor makes every later fork's backward fail, ``Autograd-and-Fork``,
+    so the test process never makes one). The spies and switches set up here reach the child with the fork."""
+    if not stack.has_gpu:
+        return run("cpu")
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_faked_gpu, args=(run, send))
+    child.start()
+    send.close()
+    if not receive.poll(300):
+        child.kill()
+        raise TimeoutError("the faked-GPU child gave no answer in 300 s")
+    failed, result = receive.recv()
+    child.join(60)
+    if failed:
+        raise AssertionError(f"in the faked-GPU child:\n{result}")
+    return result
+
+
+def _faked_gpu(run: Callable[[str], Any], send) -> None:
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            send.send((False, run("cuda")))
+    except BaseException:
+        send.send((True, traceback.format_exc()))
+
+
+def _gdn_inputs(device: str, tokens: int = 70, heads: int = 2, dim: int = 16):
+    generator = torch.Generator().manual_seed(0) if device == "cpu" else None
+    q, k, v = (torch.randn(1, tokens, heads, dim, generator=generator, device=device) for _ in range(3))
+    g = -torch.rand(1, tokens, heads, generator=generator, device=device)
+    beta = torch.rand(1, tokens, heads, generator=generator, device=device)
+    return [t.to(torch.bfloat16) if t.ndim == 4 else t for t in (q, k, v)] + [g, beta]
+
+
+def _gdn_fake_output(q, k, v, g, beta, **options):
+    return torch.empty_like(v), torch.empty(q.shape[0], q.shape[2], q.shape[3], v.shape[3], device=q.device)
+
+
+def test_gdn_chunk(machine, monkeypatch):
+    called = spies(monkeypatch, dispatch, "CHUNK_IMPLEMENTATIONS", not machine.has_gpu, _gdn_fake_output)
+
+    def run(device):
+        dispatch.chunk_gated_delta_rule(*_gdn_inputs(device), output_final_state=True)
+        return called
+
+    assert on_the_machine(machine, run) == [doctor_row(machine, GDN_CHUNK)]
+
+
+def test_gdn_recurrent(machine, monkeypatch):
+    called = spies(monkeypatch, dispatch, "RECURRENT_IMPLEMENTATIONS", not machine.has_gpu, _gdn_fake_output)
+
+    def run(device):
+        dispatch.fused_recurrent_gated_delta_rule(*_gdn_inputs(device, tokens=1), output_final_state=True)
+        return called
+
+    assert on_the_machine(machine, run) == [doctor_row(machine, GDN_RECURRENT)]
+
+
+def test_conv_over_sequences_and_decode_steps(machine, monkeypatch):
+    sequence = spies(
+        monkeypatch, conv_module, "SEQUENCE_IMPLEMENTATIONS", not machine.has_gpu, lambda x, *a: (x, None)
+    )
+    step = spies(
+        monkeypatch, conv_module, "STEP_IMPLEMENTATIONS", not machine.has_gpu, lambda x, state, *a: (x, state)
+    )
+
+    def run(device):
+        x, weight = torch.randn(1, 9, 8, device=device), torch.randn(8, 4, device=device)
+        conv_module.causal_conv1d(x, weight)
+        conv_module.causal_conv1d_update(x[:, 0], torch.zeros(1, 8, 4, device=device), weight)
+        return sequence, step
+
+    assert on_the_machine(machine, run) == ([doctor_row(machine, CONV)], [doctor_row(machine, CONV)])
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_packed_attention(machine, implementation):
+    """The function MLA's packed rows call, and whether the model hands them borders or a dense mask."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from llamafactory_zebra.attention_policy import BORDER_KERNELS
+    from llamafactory_zebra.layers import mla
+
+    model = tiny_model(dtype=torch.float32, attn_implementation=implementation)
+    layer = next(layer.mla for layer in model.model.layers if hasattr(layer, "mla"))
+    key = doctor_row(machine, ATTENTION, attn_implementation=implementation)
+    expected = mla.PACKED_ATTENTION_FUNCTIONS[key]
+    if expected is None:  # the dense mask: the model's own attention function reads it
+        expected = (
+            mla.eager_attention_forward if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
+        )
+
+    def run(device):
+        query = torch.empty(1, 4, 8, 32, device=device)
+        borders = registry.packed_attention_kernel(implementation, query.device.type) in BORDER_KERNELS
+        return layer.attention_function(True, query) is expected, borders
+
+    assert on_the_machine(machine, run) == (True, key in BORDER_KERNELS)
+
+
+def test_flash_attention_with_flash_attn_installed(monkeypatch):
+    """FA2 asked for on a GPU with flash-attn: the varlen path, in doctor's row and in the layer."""
+    from llamafactory_zebra.layers import mla
+
+    stack = dataclasses.replace(MACHINES["h200 triton 3.7.1 fla"], versions={"flash-attn": "2.8.3"})
+    monkeypatch.setenv(FAKE_STACK_ENV_VAR, _as_json(stack))
+    row = resolve(stack, training=True, attn_implementation="flash_attention_2").choice(ATTENTION)
+    model = tiny_model(attn_implementation="sdpa")
+    model.config._attn_implementation = "flash_attention_2"  # flash-attn itself is not installed here
+    layer = next(layer.mla for layer in model.model.layers if hasattr(layer, "mla"))
+    expected = mla.PACKED_ATTENTION_FUNCTIONS[row.key]
+
+    def run(device):
+        return layer.attention_function(True, torch.empty(1, 4, 8, 32, device=device)) is expected
+
+    assert row.key == "flash_varlen" and on_the_machine(stack, run)
+
+
+def test_fused_loss(machine, monkeypatch):
+    """The model's training loss (``enable_liger_kernel``): the registry's key at the forward, run by ``loss.py``."""
+    from llamafactory_zebra import loss
+
+    called = spies(monkeypatch, loss, "FUSED_LOSS_SUMS", False, lambda hidden, *a, **k: hidden.float().sum())
+    model = tiny_model(dtype=torch.float32)
+    predicted = model.enable_fused_cross_entropy("auto")
+
+    def run(device):
+        hidden = torch.randn(1, 8, model.config.hidden_size, device=device, dtype=torch.bfloat16)
+        weight = torch.randn(model.config.vocab_size, model.config.hidden_size, device=device, dtype=torch.bfloat16)
+        labels = torch.zeros(1, 8, dtype=torch.long, device=device)
+        loss.fused_causal_lm_loss(hidden, weight, labels, backend=model.loss_kernel(registry.Call.of(hidden)))
+        return called
+
+    assert on_the_machine(machine, run) == [doctor_row(machine, LOSS)] == [predicted]
+
+
+def test_distillation_loss(machine, monkeypatch):
+    from llamafactory_zebra.distill import kd_loss
+
+    called = []
+    monkeypatch.setattr(kd_loss, "_liger_kd_loss_sums", lambda *a: called.append("liger") or (None, None, None))
+    monkeypatch.setattr(kd_loss._ChunkedLinearKD, "apply", lambda *a: called.append("chunked") or (None, None, None))
+
+    def run(device):
+        hidden, weight = torch.randn(6, 8, device=device), torch.randn(11, 8, device=device)
+        targets = torch.zeros(6, dtype=torch.long, device=device)
+        backend = kd_loss.distillation_kernel(registry.Call.of(hidden))
+        kd_loss.kd_loss_sums(hidden, weight, hidden, weight, targets, backend=backend)
+        return called
+
+    assert on_the_machine(machine, run) == [doctor_row(machine, DISTILLATION_LOSS)]
+
+
+def _serving_runs_fla(device: str) -> bool:
+    """The one decision the serving ops make for GPU tensors (they ask ``ops.backend.fla_ops``)."""
+    return in_slots.fla_ops(torch.empty(1, device=device), "fla.ops.gated_delta_rule") is not None
+
+
+def _slot_inputs(tokens: int, dtype: torch.dtype):
+    heads, dim, slots = 2, 8, 5
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, tokens, heads, dim, generator=generator).to(dtype) for _ in range(3))
+    g, beta = -torch.rand(1, tokens, heads, generator=generator), torch.rand(1, tokens, heads, generator=generator)
+    state = torch.randn(slots, heads, dim, dim, generator=generator)
+    return q, k, v, g, beta, state, torch.tensor([3, 1])
+
+
+def test_serving_prefill_in_slots(machine, monkeypatch):
+    if machine.has_gpu:  # the serving op's one decision for GPU tensors (phase 2: it asks the registry itself)
+        fla = on_the_machine(machine, _serving_runs_fla)
+        assert fla == (doctor_row(machine, GDN_PREFILL_IN_SLOTS) == "fla")
+        return
+    called: list[str] = []
+    bf16_gemm = in_slots.chunk_gated_delta_rule_torch
+    monkeypatch.setattr(
+        in_slots,
+        "chunk_gated_delta_rule_torch",
+        lambda *a, **k: called.append("torch-bf16-gemm") or bf16_gemm(*a, **k),
+    )
+    through_op = in_slots.chunk_gated_delta_rule
+    monkeypatch.setattr(
+        in_slots, "chunk_gated_delta_rule", lambda *a, **k: called.append("torch") or through_op(*a, **k)
+    )
+    q, k, v, g, beta, state, slots = _slot_inputs(12, torch.bfloat16)
+    cu_seqlens, fresh = torch.tensor([0, 5, 12]), torch.tensor([False, True])
+    in_slots.chunk_gated_delta_rule_in_slots(q, k, v, g, beta, state, slots, cu_seqlens, fresh)
+    assert called == [doctor_row(machine, GDN_PREFILL_IN_SLOTS)]
+
+
+def _decode_step(machine, monkeypatch) -> list[str]:
+    called: list[str] = []
+    monkeypatch.setattr(cpu_step, "_build", lambda: "the C++ step's module (not built by this test)")
+    monkeypatch.setattr(
+        in_slots, "cpu_step_in_slots", lambda kernel, q, *a: called.append("cpp") or torch.zeros_like(q)
+    )
+    step_in_place = in_slots._step_in_place
+    monkeypatch.setattr(in_slots, "_step_in_place", lambda *a: called.append("torch") or step_in_place(*a))
+    q, k, v, g, beta, state, slots = _slot_inputs(2, torch.float32)
+    in_slots.fused_recurrent_gated_delta_rule_in_slots(q[0], k[0], v[0], g[0], beta[0], state, slots)
+    return called
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        name if name != "cpu, no compiler" else pytest.param(name, marks=pytest.mark.xfail(
+            strict=True, reason="phase 2: in_slots.py builds the C++ step with this machine's compiler"))
+        for name in MACHINES
+    ],
+)  # fmt: skip
+def test_serving_decode_step(name, monkeypatch):
+    stack = MACHINES[name]
+    monkeypatch.setenv(FAKE_STACK_ENV_VAR, _as_json(stack))
+    monkeypatch.delenv("ZEBRA_CPU_KERNELS", raising=False)
+    monkeypatch.delenv("ZEBRA_GDN_BACKEND", raising=False)
+    monkeypatch.setattr(backend, "fla_module", _fla_stand_in)
+    monkeypatch.setattr(registry, "_unusable", {})
+    registry._select.cache_clear()
+    if stack.has_gpu:
+        fla = on_the_machine(stack, _serving_runs_fla)
+        assert fla == (doctor_row(stack, GDN_DECODE_STEP) == "fla")
+        return
+    assert _decode_step(stack, monkeypatch) == [doctor_row(stack, GDN_DECODE_STEP)]

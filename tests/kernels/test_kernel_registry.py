@@ -1,0 +1,140 @@
+"""The kernel registry (``kernels/registry.py``): the entries, the switches' semantics, the ops' tables, and
+the fallback when an installed package does not load. What doctor says against what runs, per machine,
+is ``test_kernel_matrix.py``."""
+
+import doctest
+import importlib
+
+import pytest
+import torch
+
+from llamafactory_zebra.kernels import (
+    ATTENTION,
+    CONV,
+    FAMILIES,
+    GDN_CHUNK,
+    GDN_DECODE_STEP,
+    GDN_PREFILL_IN_SLOTS,
+    GDN_RECURRENT,
+    KERNELS,
+    LOSS,
+    OPS,
+    SWITCHES,
+    Call,
+    KernelLoadError,
+    KernelUnavailable,
+    Stack,
+    registry,
+    run,
+    select,
+)
+from llamafactory_zebra.kernels.registry import implementations
+
+CPU = Stack("cpu", versions={"fla-core": "0.6.0"}, compiler="/usr/bin/c++")
+H200 = Stack("cuda", "NVIDIA H200", (9, 0), "sm_90", {"fla-core": "0.6.0", "triton": "3.7.1", "liger-kernel": "0.8.5"})
+DECODE = dict(state_dtype=torch.float32, compute_dtype=torch.float32, state_rows_contiguous=True)
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    for switch in SWITCHES:
+        monkeypatch.delenv(switch.env_var, raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(registry, "_unusable", {})
+    registry._select.cache_clear()
+    yield
+    registry._select.cache_clear()
+
+
+def test_every_op_has_entries_with_one_family_name_each_and_unique_keys():
+    for op in OPS:
+        keys = implementations(op)
+        assert keys and len(keys) == len(set(keys)), op
+    assert {kernel.family for kernel in KERNELS} <= set(FAMILIES)
+    assert {kernel.op for kernel in KERNELS} == set(OPS)
+
+
+@pytest.mark.parametrize(
+    ("module", "table", "op"),
+    [
+        ("llamafactory_zebra.ops.gated_delta_rule.dispatch", "CHUNK_IMPLEMENTATIONS", GDN_CHUNK),
+        ("llamafactory_zebra.ops.gated_delta_rule.dispatch", "RECURRENT_IMPLEMENTATIONS", GDN_RECURRENT),
+        ("llamafactory_zebra.ops.causal_conv1d", "SEQUENCE_IMPLEMENTATIONS", CONV),
+        ("llamafactory_zebra.ops.causal_conv1d", "STEP_IMPLEMENTATIONS", CONV),
+        ("llamafactory_zebra.layers.mla", "PACKED_ATTENTION_FUNCTIONS", ATTENTION),
+        ("llamafactory_zebra.modeling_zebra", "FUSED_LOSS_KEYS", LOSS),
+    ],
+)
+def test_each_op_maps_exactly_the_registry_keys(module, table, op):
+    assert set(getattr(importlib.import_module(module), table)) == set(implementations(op))
+
+
+def test_the_switches_leave_out_force_and_demand():
+    gpu, cpu = Call.on("cuda"), Call.on("cpu")
+    assert select(GDN_CHUNK, gpu, H200).kernel.key == "fla"
+    assert select(GDN_CHUNK, cpu, H200).kernel.key == "torch-chunk"  # a CPU tensor on a GPU machine
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ZEBRA_GDN_BACKEND", "torch")  # leaves fla out; the automatic rule still picks the formulation
+        assert select(GDN_CHUNK, gpu, H200).kernel.key == "torch-parallel"
+        patch.setenv("ZEBRA_GDN_TORCH_CHUNK", "chunk")  # forces one formulation, even where auto would not
+        assert select(GDN_CHUNK, gpu, H200).kernel.key == "torch-chunk"
+        patch.setenv("ZEBRA_GDN_TORCH_CHUNK", "parallel")
+        assert select(GDN_CHUNK, cpu, CPU).kernel.key == "torch-parallel"
+        patch.setenv("ZEBRA_GDN_BACKEND", "fla")  # demands fla: nothing else stands in
+        with pytest.raises(KernelUnavailable, match="ZEBRA_GDN_BACKEND=fla but GDN chunk cannot run it on cpu"):
+            select(GDN_CHUNK, cpu, CPU)
+        patch.setenv("TRITON_INTERPRET", "1")  # ... unless Triton's interpreter runs it on the CPU
+        assert select(GDN_CHUNK, cpu, CPU).kernel.key == "fla"
+    assert select(GDN_DECODE_STEP, Call.on("cpu", **DECODE), CPU).kernel.key == "cpp"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ZEBRA_CPU_KERNELS", "torch")
+        assert select(GDN_DECODE_STEP, Call.on("cpu", **DECODE), CPU).kernel.key == "torch"
+        patch.setenv("ZEBRA_PACKED_SDPA", "dense_mask")  # sdpa only: FlashAttention's varlen path stays
+        assert select(ATTENTION, Call.on("cuda", attn_implementation="sdpa"), H200).kernel.key == "dense_mask"
+        flash = Call.on("cuda", attn_implementation="flash_attention_2")
+        assert select(ATTENTION, flash, H200).kernel.key == "flash_varlen"
+        patch.setenv("ZEBRA_CPU_KERNELS", "rust")
+        with pytest.raises(ValueError, match="ZEBRA_CPU_KERNELS='rust' is not valid; use one of auto, torch"):
+            select(GDN_DECODE_STEP, Call.on("cpu", **DECODE), CPU)
+    assert select(LOSS, Call.on("cuda"), H200, force="chunked").kernel.key == "chunked"
+    with pytest.raises(KernelUnavailable, match="loss: liger demanded but loss cannot run it on cpu"):
+        select(LOSS, Call.on("cpu"), CPU, force="liger")
+
+
+def test_each_entry_fits_only_the_calls_it_takes():
+    no_bf16 = Stack("cpu", compiler="/usr/bin/c++")
+    bf16 = Stack("cpu", cpu_features=frozenset({"avx512_bf16"}), compiler="/usr/bin/c++")
+    bf16_call = Call.on("cpu", torch.bfloat16)
+    assert select(GDN_PREFILL_IN_SLOTS, bf16_call, bf16).kernel.key == "torch-bf16-gemm"
+    assert select(GDN_PREFILL_IN_SLOTS, bf16_call, no_bf16).kernel.key == "torch"
+    assert select(GDN_PREFILL_IN_SLOTS, Call.on("cpu", torch.float32), bf16).kernel.key == "torch"
+    for state in ({**DECODE, "state_dtype": torch.bfloat16}, {**DECODE, "state_rows_contiguous": False}):
+        assert select(GDN_DECODE_STEP, Call.on("cpu", **state), CPU).kernel.key == "torch"
+    windows = Stack("cpu", compiler="/usr/bin/c++", platform="win32")
+    passed_over = dict(
+        (k.key, why) for k, why in select(GDN_DECODE_STEP, Call.on("cpu", **DECODE), windows).passed_over
+    )
+    assert passed_over["cpp"] == "not Linux (win32)"
+    assert select(GDN_DECODE_STEP, Call.on("cpu", **DECODE), Stack("cpu")).kernel.key == "torch"
+
+
+def test_a_package_that_does_not_load_passes_to_the_next_entry_with_one_warning(monkeypatch):
+    warnings = []
+    monkeypatch.setattr(registry, "_emitted", set())
+    monkeypatch.setattr(registry.logger, "warning", warnings.append)
+    monkeypatch.setattr(registry, "detect_stack", lambda: H200)
+
+    def broken_fla():
+        raise KernelLoadError("fla.ops.gated_delta_rule does not import (a broken Triton)")
+
+    ran = {key: (lambda key=key: key) for key in implementations(GDN_CHUNK)} | {"fla": broken_fla}
+    assert run(GDN_CHUNK, Call.on("cuda"), ran) == "torch-parallel"
+    assert run(GDN_CHUNK, Call.on("cuda"), ran) == "torch-parallel"
+    (warning,) = warnings
+    assert "missing or does not import" in warning
+    assert "does not load here (fla.ops.gated_delta_rule does not import" in select(GDN_CHUNK, Call.on("cuda")).reason
+
+
+def test_the_packed_attention_examples_hold():
+    results = doctest.testmod(registry)
+    assert results.attempted >= 2 and results.failed == 0
