@@ -6,9 +6,10 @@ released 1:3 MLA:GDN plan over 8 layers, and a dense Qwen3 of the same parameter
 ``Qwen3ForCausalLM``): the same width, depth and attention heads (16/8 of 128), its MLP widened until the counts
 match. Both take positions up to 64k. Each is served by ``vllm serve`` on 127.0.0.1 (a free port, the same engine
 options for both: vLLM's defaults but the dtype and ``--max-model-len``), once eager and, at ``--compile-lengths``,
-once compiled (vLLM's default mode), and measured by ``vllm bench serve`` with its ``random`` dataset: ``--num-prompts``
-prompts of each length at once (``--ignore-eos``, so every request emits ``--output-len`` tokens), ``--repeats``
-times, each time with another seed (no prompt shares a prefix with an earlier one, so prefix caching never hits).
+once compiled (vLLM's default mode), warmed up by one unrecorded round of short prompts, and measured by
+``vllm bench serve`` with its ``random`` dataset: ``--num-prompts`` prompts of each length at once (``--ignore-eos``,
+so every request emits ``--output-len`` tokens), ``--repeats`` times, each time with another seed (no prompt shares
+a prefix with an earlier one, so prefix caching never hits).
 
 Prints one table: per length and mode, Zebra's and Qwen3's output tok/s, TTFT p50 and ITL p50 (the median over the
 repeats, with the range), the measured Zebra/Qwen3 output tok/s ratio and the FLOP ratio (Qwen3's FLOPs over
@@ -171,6 +172,7 @@ def serve_and_bench(name: str, model_dir: Path, lengths: list[int], compiled: bo
         results: dict[int, list[dict]] = {}
         try:
             wait_healthy(port, server, args.start_timeout)
+            warm_up(name, model_dir, port, args, work)
             for length in lengths:
                 for repeat in range(args.repeats):
                     results.setdefault(length, []).append(
@@ -213,12 +215,25 @@ def capacity(name: str, model_dir: Path, tokens: int, args, work: Path) -> tuple
     return int(found[1].replace(",", "")), float(found[3])
 
 
-def bench_once(name: str, model_dir: Path, port: int, length: int, repeat: int, args, work: Path) -> dict:
-    filename = f"{name}-{length}-{repeat}.json"
+def client_command(name: str, model_dir: Path, port: int, length: int, output_len: int, args) -> list[str]:
     client = [str(VLLM), "bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}"]
     client += ["--model", name, "--tokenizer", str(model_dir), "--dataset-name", "random"]
-    client += ["--random-input-len", str(length), "--random-output-len", str(args.output_len)]
+    client += ["--random-input-len", str(length), "--random-output-len", str(output_len)]
     client += ["--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.num_prompts)]
+    return client
+
+
+def warm_up(name: str, model_dir: Path, port: int, args, work: Path) -> None:
+    """One unrecorded round of short prompts, as many at once as the measured runs send: a compiled server's
+    first prefill and decode batches pay for compiling their shapes (docs/benchmarks.md, online serving)."""
+    client = client_command(name, model_dir, port, 256, 8, args)
+    client += ["--request-rate", "inf", "--ignore-eos", "--seed", "7", "--disable-tqdm"]
+    subprocess.run(client, check=True, timeout=args.client_timeout, cwd=work, stdout=subprocess.DEVNULL)
+
+
+def bench_once(name: str, model_dir: Path, port: int, length: int, repeat: int, args, work: Path) -> dict:
+    filename = f"{name}-{length}-{repeat}.json"
+    client = client_command(name, model_dir, port, length, args.output_len, args)
     # A seed per (length, repeat): no prompt repeats or extends an earlier one, so the prefix cache never hits.
     client += ["--request-rate", "inf", "--ignore-eos", "--seed", str(1000 * repeat + length), "--disable-tqdm"]
     client += ["--percentile-metrics", METRICS, "--metric-percentiles", PERCENTILES]
