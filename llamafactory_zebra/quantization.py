@@ -3,8 +3,10 @@
 bitsandbytes' 4-bit CPU inference path repacks each quantised weight ``[out, in]`` into 32-row panels
 and reshapes its scales per 64-element block of a row, so it asserts ``out % 32 == 0`` ("N must be
 divisible by block_n") and fails on ``in % 64 != 0`` at the first generate, long after the load
-succeeded. The ``tiny`` preset (48-wide MLA ranks, the quickstart's model) and GDN's per-head gate
-projections do not fit. Such layers are few and small, so a 4-bit Zebra keeps them unquantised and
+succeeded. The ``tiny`` preset (48-wide MLA ranks, the quickstart's model) does not fit, nor would GDN's
+per-head gate projections (``ZebraPreTrainedModel._keep_in_fp32_modules`` keeps those out of every
+quantiser already, for their precision; the rule lists them too, as it reads shapes only). Such layers are
+few and small, so a 4-bit Zebra keeps them unquantised and
 says which when it loads: ``ZebraForCausalLM.__init__`` calls :func:`keep_unfit_linears_out_of_4bit` when
 the config asks for bitsandbytes 4-bit (transformers sets ``config.quantization_config`` before it builds
 the model), which adds them to the instance's ``_keep_in_fp32_modules``: the list transformers'

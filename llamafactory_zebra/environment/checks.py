@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ..attention_policy import LLAMAFACTORY_FA2, attn_implementation_for
 from ..kernels import NOTE, STOP, Resolution, detect_stack, fla_missing_message, resolve, this_machine
 from ..kernels.stack import gpu_inventory, numa_balancing, vendor_gpus_present
 from .rocm_settings import rocm_env_file, rocm_settings
@@ -196,7 +197,7 @@ def check_fla(m: Machine) -> Check:
 
 
 # The settings doctor resolves kernels for, having no YAML: the recipe's (flash_attn: fa2, enable_liger_kernel).
-DOCTOR_ATTENTION, DOCTOR_LIGER = "flash_attention_2", True
+DOCTOR_ATTENTION, DOCTOR_LIGER = attn_implementation_for(LLAMAFACTORY_FA2), True
 
 
 def kernel_resolution(training: bool, serving: bool = False) -> Resolution:

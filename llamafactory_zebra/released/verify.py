@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from huggingface_hub.errors import StrictDataclassError
 
+from ..attention_policy import SDPA
 from ..configuration_zebra import MLA_NORM_NONE, ZebraConfig
 from ..kernels import this_machine
 from ..layers.mla import ZebraMLA
@@ -167,7 +168,7 @@ def load_checkpoint(model_dir: str, dtype: torch.dtype) -> tuple[torch.nn.Module
         # config read by this package (a released directory's config.json describes Qwen3): this package
         # sits below the model, which reads released directories through it.
         config = load_checkpoint_config(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype, attn_implementation=SDPA)
     except (OSError, ValueError, StrictDataclassError) as error:
         raise CheckpointNotLoadable(str(error)) from error
     return model.eval(), tokenizer
