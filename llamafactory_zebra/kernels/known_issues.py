@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .registry import FLA, GDN_CHUNK, TORCH_GDN_MEASURED_COST
+from .registry import FLA, GDN_CHUNK, TORCH_GDN_GPU_COST
 from .stack import Stack, parse_version
 from .switches import BACKEND_ENV_VAR
 from .workarounds import FLA_MAX_STAGES_ENV_VAR, TRITON_CACHE_PER_RANK, TRITON_STAGE_CAP
@@ -92,7 +92,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         kernel_family=FLA,
         summary=(
             "Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs miscompiles fla's gated chunk_bwd_dqkwg (the GDN "
-            "backward); fla raises at the first backward, after its kernels compiled (~140 s on an H200)"
+            "backward); fla raises at the first backward, after its kernels compiled (minutes on a fresh machine)"
         ),
         vendor="cuda",
         capability_from=(9, 0),
@@ -109,10 +109,9 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         fixes=(
             'upgrade Triton: pip install "triton>=3.7.1" (or a torch >= 2.12.1, which ships Triton 3.7.1)',
             "or install TileLang, which fla then uses for this kernel (needs nvcc on PATH): pip install tilelang",
-            f"or set {BACKEND_ENV_VAR}=torch to train the GDN layers with the PyTorch path, measured at "
-            f"{TORCH_GDN_MEASURED_COST}",
+            f"or set {BACKEND_ENV_VAR}=torch to train the GDN layers with the PyTorch path ({TORCH_GDN_GPU_COST})",
         ),
-        established="measured on an H200 (docs/gpu.md); fla's own guard names the range",
+        established="hit on an H200 (docs/benchmarks.md); fla's own guard names the range",
         avoided_by="tilelang",
         avoided_note=(
             "tilelang is installed: fla routes chunk_bwd_dqkwg to TileLang when nvcc is on PATH and the call "
