@@ -7,8 +7,6 @@ import json
 import torch
 from safetensors.torch import save_file
 
-from llamafactory_zebra.attention_policy import EAGER
-
 
 def tiny_config(**overrides):
     from llamafactory_zebra import ZebraConfig
@@ -18,7 +16,7 @@ def tiny_config(**overrides):
     return ZebraConfig.from_preset("tiny", **values)
 
 
-def tiny_model(dtype=torch.float64, attn_implementation=EAGER, **overrides):
+def tiny_model(dtype=torch.float64, attn_implementation="eager", **overrides):
     from llamafactory_zebra import ZebraForCausalLM
 
     config = tiny_config(**overrides)
