@@ -161,3 +161,9 @@ def test_prefill_chunks_longer_than_a_decode_step_match_the_one_shot_forward(
             torch.testing.assert_close(results[True][row, real], results[False][row, real], atol=1e-5, rtol=1e-5)
     # After the first chunk: 17, 17 (then 10: a decode-sized step) and 24 (then 13).
     assert len(calls) == 3 * len(model.config.mla_layers)
+
+
+def test_an_unknown_cache_path_is_refused_naming_the_keyword():
+    model = perturbed_tiny("eager", "qk_head", True)
+    with pytest.raises(ValueError, match="mla_cache_path='absorbed': use one of latent, expand"):
+        model(torch.randint(3, 1000, (1, 4)), **{CACHE_PATH_KEYWORD: "absorbed"})
