@@ -6,10 +6,11 @@
    → scatter path the layer used before, on a cache of N + 16 slots with the requests in random slots.
 2. Prefill conv over 4096 tokens (16 requests of 256): vLLM's C++ ``causal_conv1d_fwd_cpu`` (bf16, on the
    slots) against this project's PyTorch ``causal_conv1d`` (gathered states), with their largest difference.
-3. Prefill chunked GDN (one 512-token vLLM step of 2 requests of 256, and one 2048-token request), bf16
-   inputs: the layer's prompt op (``ops/gated_delta_rule/chunk_prefill.py``) with bf16 GEMM operands (what
-   the layer runs for bf16 serving on CPUs with bf16 dot products) against its exact fp32 path, each with
-   its mean and largest difference from the fp64 run on the same (bf16-rounded) inputs.
+3. Prefill chunked GDN on state slots (one 512-token vLLM step of 2 requests of 256, and one 2048-token
+   request), bf16 inputs: the C++ prefill (``cpu_prefill.cpp``, what the layer runs on a CPU) and its PyTorch
+   path (``chunk_prefill.py``), each exact (fp32 GEMMs) and with bf16 GEMM operands (what the layer runs for
+   bf16 serving on CPUs with bf16 dot products), each with its mean and largest difference from the fp64 run
+   on the same (bf16-rounded) inputs.
 4. The gated RMSNorm that closes the layer, bf16, over 2048 tokens of 6 heads x 512 values: the package's
    one-pass C++ op (``ops.gated_rms_norm``, what the layer runs eagerly on a CPU) against vLLM's
    ``RMSNormGated`` in PyTorch (what ran before), with their largest difference.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import time
 
@@ -36,7 +38,10 @@ from llamafactory_zebra.ops import (
     fused_recurrent_gated_delta_rule_torch,
     gated_rms_norm,
 )
-from llamafactory_zebra.ops.gated_delta_rule.chunk_prefill import chunk_gated_delta_rule_prefill
+from llamafactory_zebra.ops.gated_delta_rule.chunk_prefill import (
+    chunk_gated_delta_rule_prefill,
+    chunk_gated_delta_rule_prefill_cpp,
+)
 
 HEADS, KEY, VALUE, WIDTH = 6, 256, 512, 4  # the released GDN layer: 6 heads, key 256, value 512, conv 4
 
@@ -159,22 +164,26 @@ def chunk_row(requests: int, tokens: int, repeats: int) -> str:
     generator, (q, k, v, g, beta), starts = prompt_chunk(requests, tokens)
     slots, fresh = torch.arange(requests), torch.zeros(requests, dtype=torch.bool)
 
-    def run(matmul_dtype=None, inputs=(q, k, v, g, beta)):
+    def run(path: str, bf16_operands: bool, inputs=(q, k, v, g, beta)):
         cache = torch.zeros(requests, HEADS, VALUE, KEY).transpose(-1, -2)  # vLLM's [slots, H, V, K]
+        if path == "cpp":
+            return chunk_gated_delta_rule_prefill_cpp(
+                *inputs, cache, slots, starts, fresh, use_qk_l2norm_in_kernel=True, bf16_operands=bf16_operands
+            )
         return chunk_gated_delta_rule_prefill(
-            *inputs, cache, slots, starts, fresh, use_qk_l2norm_in_kernel=True, matmul_dtype=matmul_dtype
-        )
+            *inputs, cache, slots, starts, fresh, use_qk_l2norm_in_kernel=True,
+            matmul_dtype=torch.bfloat16 if bf16_operands else None,
+        )  # fmt: skip
 
-    exact = run(inputs=tuple(t.double() for t in (q, k, v, g, beta)))
-    errors = []
-    for matmul_dtype in (None, torch.bfloat16):
-        difference = (run(matmul_dtype).double() - exact).abs()
-        errors.append(f"{difference.mean().item():.1e} / {difference.max().item():.1e}")
-    old, new = best_ms(run, repeats), best_ms(lambda: run(torch.bfloat16), repeats)
-    return (
-        f"| {tokens} tokens, {requests} request(s) | {old:.1f} | {new:.1f} | {old / new:.1f}x | {errors[0]} "
-        f"| {errors[1]} |"
-    )
+    exact = run("torch", False, tuple(t.double() for t in (q, k, v, g, beta)))
+    cells = []
+    for path, bf16_operands in (("torch", False), ("torch", True), ("cpp", False), ("cpp", True)):
+        difference = (run(path, bf16_operands).double() - exact).abs()
+        ms = best_ms(functools.partial(run, path, bf16_operands), repeats)
+        cells.append((ms, difference.mean().item(), difference.max().item()))
+    times = " | ".join(f"{ms:.1f}" for ms, _, _ in cells)
+    errors = " | ".join(f"{mean:.1e} / {largest:.1e}" for _, mean, largest in cells)
+    return f"| {tokens} tokens, {requests} request(s) | {times} | {cells[1][0] / cells[3][0]:.1f}x | {errors} |"
 
 
 def norm_row(repeats: int) -> str:
@@ -199,9 +208,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    built = "built" if cpu_kernels() is not None else "NOT built: the C++ columns are the PyTorch paths"
+    cpu_kernels()  # builds, or raises naming why (this benchmark times the C++ kernels)
     print(f"GDN decode step, one layer ({HEADS} heads, key {KEY}, value {VALUE}, fp32 state; bf16 activations)")
-    print(f"C++ step: {built}")
     print(
         "| batch | gather + step + scatter ms | in place, PyTorch step ms | in place, C++ step ms "
         "| C++ / PyTorch speed-up | C++ / gather speed-up | max abs difference, C++ vs gather "
@@ -213,12 +221,13 @@ def main() -> None:
     print("| input | project PyTorch conv ms | vLLM C++ conv ms | speed-up | max abs difference |")
     print("|---|---:|---:|---:|---:|")
     print(conv_row(args.repeats))
-    print("\nPrefill chunked gated delta rule, one layer (bf16 inputs, fp32 state)")
+    print("\nPrefill chunked gated delta rule on state slots, one layer (bf16 inputs, fp32 state)")
     print(
-        "| input | fp32 GEMMs ms | bf16 GEMM operands ms | speed-up | fp32 GEMMs: mean / max abs error "
-        "| bf16 GEMM operands: mean / max abs error |"
+        "| input | PyTorch, fp32 GEMMs ms | PyTorch, bf16 GEMM operands ms | C++, fp32 GEMMs ms "
+        "| C++, bf16 GEMM operands ms | C++ / PyTorch (bf16 operands) | mean / max abs error vs fp64: PyTorch fp32 "
+        "| PyTorch bf16 | C++ fp32 | C++ bf16 |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     print(chunk_row(2, 512, args.repeats))
     print(chunk_row(1, 2048, args.repeats))
     print("\nGated RMSNorm closing the layer, bf16")

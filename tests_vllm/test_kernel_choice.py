@@ -1,25 +1,24 @@
-"""The serving layer's conv choice (``serving/vllm/gdn.py``'s ``uses_vllm_cpu_conv``) is the kernel registry's
-``conv in slots`` entry on this machine (phase 1 of issue 36: the layer still decides with its own rule,
-so the two rules are checked against each other; phase 2 makes the layer ask the registry)."""
+"""The serving layer's conv choice (``serving/vllm/gdn.py``'s ``conv_in_slots_kernel``, asked once per layer) in
+the vLLM venv, where vLLM is installed: vLLM's C++ conv exactly for bf16 activations, a 4-wide window and vLLM's
+default conv-state layout on its CPU platform, on a CPU with bf16 dot products; the project's conv op otherwise."""
 
 import pytest
 import torch
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 from vllm.platforms import current_platform
 
-from llamafactory_zebra.kernels import CONV_IN_SLOTS, Call, select, this_machine
-from llamafactory_zebra.serving.vllm.gdn import uses_vllm_cpu_conv
+from llamafactory_zebra.kernels import this_machine
+from llamafactory_zebra.serving.vllm.gdn import conv_in_slots_kernel
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
 @pytest.mark.parametrize("width", [4, 3])
-def test_the_layer_runs_vllms_conv_exactly_where_the_registry_says(dtype, width):
-    call = Call.on(
-        "cpu",
-        dtype,
-        width=width,
-        conv_state_dim_first=is_conv_state_dim_first(),
-        vllm_cpu_platform=current_platform.is_cpu(),
+def test_the_layer_runs_vllms_conv_exactly_where_it_can(dtype, width):
+    vllm_conv_runs = (
+        current_platform.is_cpu()
+        and this_machine().cpu_bf16_dot_products
+        and dtype == torch.bfloat16
+        and width == 4
+        and not is_conv_state_dim_first()
     )
-    chosen = select(CONV_IN_SLOTS, call, this_machine()).kernel.key
-    assert (chosen == "vllm-cpp") == uses_vllm_cpu_conv(dtype, width)
+    assert conv_in_slots_kernel(dtype, width) == ("vllm-cpp" if vllm_conv_runs else "conv-op")

@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 # The ops, as doctor prints them.
 GDN_CHUNK, GDN_RECURRENT, CONV = "GDN chunk", "GDN recurrent", "conv"
 GDN_PREFILL_IN_SLOTS, GDN_DECODE_STEP, CONV_IN_SLOTS = "GDN prefill in slots", "GDN decode step", "conv in slots"
+GATED_NORM = "GDN gated RMSNorm"
 ATTENTION, LOSS, DISTILLATION_LOSS = "attention", "loss", "distillation loss"
 OPS = (
     GDN_CHUNK,
@@ -49,6 +50,7 @@ OPS = (
     GDN_PREFILL_IN_SLOTS,
     GDN_DECODE_STEP,
     CONV_IN_SLOTS,
+    GATED_NORM,
     ATTENTION,
     LOSS,
     DISTILLATION_LOSS,
@@ -352,14 +354,28 @@ def _linux_compiler(stack: Stack) -> str | None:
     return None if stack.compiler else "no C++ compiler (CXX or c++) to build it"
 
 
+def _cpu_inference(call: Call) -> str | None:
+    """The C++ CPU kernels' common ground: CPU bf16 or fp32 inputs, nothing that needs a gradient."""
+    if call.device_type != "cpu" or call.dtype not in (torch.bfloat16, torch.float32):
+        return f"{call.device_type} {call.dtype} inputs (it takes bf16 or fp32 on a CPU)"
+    return "inputs that need a gradient" if call.facts.get("grad") else None
+
+
 def _cpu_step_fits(call: Call) -> str | None:
-    """``cpu_step.cpu_step_fits``: a CPU fp32 state with rows of V contiguous, computed in fp32."""
+    """The C++ decode step: an fp32 or bf16 state with rows of V contiguous (vLLM's SSM cache as the layer views it)."""
     facts = call.facts
-    if call.device_type != "cpu":
-        return f"{call.device_type} inputs"
-    if facts.get("state_dtype") != torch.float32 or facts.get("compute_dtype") != torch.float32:
-        return f"a {facts.get('state_dtype')} state computed in {facts.get('compute_dtype')} (it takes fp32)"
-    return None if facts.get("state_rows_contiguous") else "state rows not contiguous in V"
+    if facts.get("state_dtype") not in (torch.float32, torch.bfloat16):
+        return f"a {facts.get('state_dtype')} state (it takes fp32 or bf16)"
+    if not facts.get("state_rows_contiguous"):
+        return "state rows not contiguous in V"
+    return _cpu_inference(call)
+
+
+def _cpu_prefill_fits(call: Call) -> str | None:
+    """The C++ prefill: an fp32 state."""
+    if call.facts.get("state_dtype") != torch.float32:
+        return f"a {call.facts.get('state_dtype')} state (it takes fp32)"
+    return _cpu_inference(call)
 
 
 def _bf16_gemm_fits(call: Call) -> str | None:
@@ -370,6 +386,13 @@ def _bf16_gemm_fits(call: Call) -> str | None:
 
 def _bf16_dot_products(stack: Stack) -> str | None:
     return None if stack.cpu_bf16_dot_products else "this CPU has no bf16 dot products (AVX-512-BF16, AMX, Arm bf16)"
+
+
+def _cpp(op: str, key: str, label: str, priority: int, fits: Callable[[Call], str | None], **more) -> Kernel:
+    """An entry of the package's C++ CPU extension (``ops/cpu_extension.py``): built on first use with the
+    machine's compiler; a build that fails passes it over (``KernelLoadError``) with one warning."""
+    return Kernel(op, key, label, CPP, priority, needs=more.pop("needs", _linux_compiler), fits=fits,
+                  because=more.pop("because", lambda stack: f"on a CPU, built with {stack.compiler}"), **more)  # fmt: skip
 
 
 def _vllm_conv_needs(stack: Stack) -> str | None:
@@ -426,23 +449,31 @@ KERNELS: tuple[Kernel, ...] = (
     # GDN's short convolution, whole sequences and decode steps (ops/causal_conv1d.py).
     _fla(CONV, "fla causal_conv1d"),
     Kernel(CONV, "torch", "PyTorch causal conv", TORCH, 1),
-    # Serving (vLLM) prompt chunks on state slots (ops/gated_delta_rule/in_slots.py).
+    # Serving (vLLM) prompt chunks on state slots (ops/gated_delta_rule/in_slots.py, chunk_prefill.py): bf16 GEMM
+    # operands for bf16 inputs on a CPU with bf16 dot products, as fla feeds its dot products on a GPU.
     _fla(GDN_PREFILL_IN_SLOTS, "fla chunk_gated_delta_rule on gathered slots"),
-    Kernel(GDN_PREFILL_IN_SLOTS, "torch-bf16-gemm", "PyTorch chunked GDN (chunk), bf16 GEMM operands", TORCH, 1,
+    _cpp(GDN_PREFILL_IN_SLOTS, "cpp-bf16-gemm", "C++ prefill on the slots (cpu_prefill.cpp), bf16 GEMM operands", 1,
+         lambda call: _cpu_prefill_fits(call) or _bf16_gemm_fits(call),
+         needs=lambda stack: _linux_compiler(stack) or _bf16_dot_products(stack),
+         because=lambda stack: f"bf16 inputs on a CPU with bf16 dot products, built with {stack.compiler}"),
+    _cpp(GDN_PREFILL_IN_SLOTS, "cpp", "C++ prefill on the slots (cpu_prefill.cpp)", 2, _cpu_prefill_fits),
+    Kernel(GDN_PREFILL_IN_SLOTS, "torch-bf16-gemm", "PyTorch prefill on the slots, bf16 GEMM operands", TORCH, 3,
            needs=_bf16_dot_products, fits=_bf16_gemm_fits,
-           because=lambda stack: "bf16 inputs on a CPU with bf16 dot products (fla's kernels are not in reach)"),
-    Kernel(GDN_PREFILL_IN_SLOTS, "torch", "PyTorch chunked GDN (the GDN chunk op's formulation)", TORCH, 2),
+           because=lambda stack: "bf16 inputs on a CPU with bf16 dot products"),
+    Kernel(GDN_PREFILL_IN_SLOTS, "torch", "PyTorch prefill on the slots (chunk_prefill.py)", TORCH, 4),
     # Serving decode tokens on state slots.
     _fla(GDN_DECODE_STEP, "fla fused_recurrent_gated_delta_rule on gathered slots"),
-    Kernel(GDN_DECODE_STEP, "cpp", "C++ decode step in place (cpu_step.cpp)", CPP, 1,
-           needs=_linux_compiler, fits=_cpu_step_fits,
-           because=lambda stack: f"fp32 state slots on a CPU, built with {stack.compiler}"),
+    _cpp(GDN_DECODE_STEP, "cpp", "C++ decode step in place (cpu_step.cpp)", 1, _cpu_step_fits),
     Kernel(GDN_DECODE_STEP, "torch", "PyTorch decode step in place", TORCH, 2),
     # Serving's conv on state slots (serving/vllm/gdn.py): vLLM's C++ conv, else this package's conv op.
     Kernel(CONV_IN_SLOTS, "vllm-cpp", "vLLM's C++ causal conv (causal_conv1d_*_cpu)", VLLM, 0,
            requires="vllm", needs=_vllm_conv_needs, fits=_vllm_conv_fits,
            because=lambda stack: f"vllm {stack.version('vllm')} on a CPU with bf16 dot products, bf16 inputs, width 4"),
     Kernel(CONV_IN_SLOTS, "conv-op", "the conv op on the slots (fla on GPUs, PyTorch elsewhere)", TORCH, 1),
+    # The gated RMSNorm closing a GDN layer (ops/gated_rms_norm.py; the vLLM layer on a GPU runs vLLM's own).
+    _cpp(GATED_NORM, "cpp", "C++ one-pass gated RMSNorm (gated_rms_norm.cpp)", 0,
+         lambda call: _cpu_inference(call) or (None if call.facts.get("same_gate") else "a gate of another dtype")),
+    Kernel(GATED_NORM, "torch", "PyTorch gated RMSNorm", TORCH, 1),
     # MLA over packed rows (layers/mla.py), named as attention_policy.py names them.
     Kernel(ATTENTION, PACKED_FLASH_VARLEN, "FlashAttention varlen", FLASH_ATTN, 0,
            fits=_attention(*FLASH_ATTENTION_BACKENDS)),

@@ -24,6 +24,7 @@ from .registry import (
     CONV_IN_SLOTS,
     DISTILLATION_LOSS,
     FLA_INSTALL,
+    GATED_NORM,
     GDN_CHUNK,
     GDN_DECODE_STEP,
     GDN_PREFILL_IN_SLOTS,
@@ -42,8 +43,8 @@ PHASES = (TRAINING, INFERENCE, SERVING)
 # The ops each phase runs, in the order doctor prints them.
 PHASE_OPS = {
     TRAINING: (GDN_CHUNK, CONV, ATTENTION, LOSS, DISTILLATION_LOSS),
-    INFERENCE: (GDN_CHUNK, GDN_RECURRENT, CONV, ATTENTION),
-    SERVING: (GDN_PREFILL_IN_SLOTS, GDN_DECODE_STEP, CONV_IN_SLOTS),
+    INFERENCE: (GDN_CHUNK, GDN_RECURRENT, CONV, GATED_NORM, ATTENTION),
+    SERVING: (GDN_PREFILL_IN_SLOTS, GDN_DECODE_STEP, CONV_IN_SLOTS, GATED_NORM),
 }
 STOP, WARN, NOTE = "stop", "warn", "note"
 # The activations a run of the recipe computes in (released checkpoints are bf16; vLLM serves them in bf16).
@@ -122,7 +123,11 @@ def run_call(op: str, stack: Stack, attn_implementation: str = SDPA, liger_enabl
     elif op == LOSS:
         details = {"fused": liger_enabled}
     elif op == GDN_DECODE_STEP:  # vLLM keeps the SSM state in fp32 (``mamba_ssm_cache_dtype: auto``), rows of V
-        details = {"state_dtype": torch.float32, "compute_dtype": torch.float32, "state_rows_contiguous": True}
+        details = {"state_dtype": torch.float32, "state_rows_contiguous": True}
+    elif op == GDN_PREFILL_IN_SLOTS:
+        details = {"state_dtype": torch.float32}
+    elif op == GATED_NORM:  # no gradient (inference), the gate as wide as the values
+        details = {"grad": False, "same_gate": True}
     elif op == CONV_IN_SLOTS:  # Zebra's 4-wide conv in vLLM's default conv-state layout
         details = {"width": 4, "conv_state_dim_first": False, "vllm_cpu_platform": not stack.has_gpu}
     return Call.on(device, RUN_DTYPE, **details)

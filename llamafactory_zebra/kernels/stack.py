@@ -176,6 +176,18 @@ def _cpu_features() -> frozenset[str]:
     return frozenset(found)
 
 
+@functools.cache
+def cpu_identity() -> str:
+    """This CPU's architecture, model and instruction-set flags (``/proc/cpuinfo`` on Linux): what a binary
+    compiled with ``-march=native`` depends on (``ops/cpu_extension.py`` names its build after it)."""
+    try:
+        lines = open("/proc/cpuinfo").read().splitlines()
+    except OSError:
+        lines = [platform.processor()]
+    described = [line for line in lines[:30] if line.startswith(("model name", "flags", "Features"))]
+    return f"{platform.machine()}|{''.join(described or lines[:1])}"
+
+
 def _compiler() -> str | None:
     """The C++ compiler ``torch.utils.cpp_extension`` would call (it runs ``$CXX``, else ``c++``)."""
     return shutil.which(os.environ.get("CXX", "c++"))

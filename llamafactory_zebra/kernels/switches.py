@@ -88,7 +88,7 @@ TORCH_CHUNK = Switch(
 CPU_KERNELS_ENV_VAR = "ZEBRA_CPU_KERNELS"
 CPU_KERNELS = Switch(
     CPU_KERNELS_ENV_VAR,
-    ops=("GDN decode step", "GDN prefill in slots"),
+    ops=("GDN decode step", "GDN prefill in slots", "GDN gated RMSNorm"),
     governs=frozenset({"cpp"}),
     values={AUTO: SwitchValue(), "torch": SwitchValue(frozenset())},
     doc="the C++ CPU kernels: auto (built on first use, run where they fit), torch (their PyTorch paths)",
@@ -112,12 +112,6 @@ PACKED_SDPA = Switch(
 )
 
 SWITCHES: tuple[Switch, ...] = (GDN_BACKEND, TORCH_CHUNK, CPU_KERNELS, PACKED_SDPA)
-
-
-def cpu_kernels_choice() -> str:
-    """``ZEBRA_CPU_KERNELS``: ``auto`` (default) or ``torch``; anything else is refused. Read by
-    ``ops/cpu_extension.py``, which builds the kernels."""
-    return CPU_KERNELS.value()
 
 
 def triton_interpreter_enabled() -> bool:

@@ -22,11 +22,8 @@ import importlib
 from collections.abc import Callable
 from types import ModuleType
 
-import torch
-
-from ..kernels import GDN_CHUNK, Call, KernelLoadError, run
+from ..kernels import KernelLoadError
 from ..kernels.fla_seams import install_stage_cap
-from ..kernels.registry import implementations
 
 
 @functools.cache
@@ -54,15 +51,3 @@ def fla_function(modules: tuple[str, ...], name: str) -> Callable:
     if function is None:
         raise KernelLoadError(f"{' and '.join(modules)} have no {name}")
     return function
-
-
-def fla_ops(tensor: torch.Tensor, *modules: str) -> ModuleType | None:
-    """The fla module an op on ``tensor`` should call, or ``None`` for the PyTorch code: the registry's
-    choice for the gated delta rule on this tensor (the fla entries of every GDN op share their rule).
-
-    For ``ops/gated_delta_rule/in_slots.py``, whose serving ops ask through here until they ask the
-    registry themselves.
-    """
-    choices = {key: (lambda: None) for key in implementations(GDN_CHUNK)}
-    choices["fla"] = lambda: first_fla_module(modules)
-    return run(GDN_CHUNK, Call.of(tensor), choices)

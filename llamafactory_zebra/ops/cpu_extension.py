@@ -6,7 +6,8 @@ gated RMSNorm that closes a GDN layer). They share one build:
 ``torch.utils.cpp_extension.load`` compiles ``SOURCES`` for this CPU (``-march=native``; the build directory
 is named after the CPU, torch and Python, so no other machine or venv loads it) and PyTorch caches it. A
 machine without a C++ compiler, or a failed build, keeps every kernel's PyTorch path, with one warning.
-``ZEBRA_CPU_KERNELS=torch`` (``kernels/switches.py``) keeps the PyTorch paths without building.
+Which kernel an op runs is the kernel registry's choice (``kernels/registry.py``: the ``cpp`` entries, which
+``ZEBRA_CPU_KERNELS=torch`` leaves out); the ops call :func:`cpu_kernels` only when it chose one of them.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import platform
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
-from ..kernels.switches import CPU_KERNELS_ENV_VAR, cpu_kernels_choice
+from ..kernels import KernelLoadError
+from ..kernels.stack import cpu_identity
+from ..kernels.switches import CPU_KERNELS_ENV_VAR
 
 logger = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -37,10 +39,8 @@ HEADERS = (HERE / "cpu_values.h",)
 
 def _build_name() -> str:
     """A name per CPU model and flags, torch, Python and the sources: the build is native code for one of each."""
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-    cpu = "".join(line for line in lines[:30] if line.startswith(("model name", "flags", "Features")))
     code = "".join(source.read_text() for source in (*SOURCES, *HEADERS))
-    key = f"{platform.machine()}|{cpu}|{torch.__version__}|{sys.version_info[:2]}|{code}"
+    key = f"{cpu_identity()}|{torch.__version__}|{sys.version_info[:2]}|{code}"
     return f"zebra_cpu_kernels_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
@@ -66,9 +66,11 @@ def _build() -> ModuleType | None:
         return None
 
 
-def cpu_kernels() -> ModuleType | None:
-    """The built extension, or None where the PyTorch paths run (switch set to ``torch``, not Linux, or the
-    build failed). The first call builds (tens of seconds) or loads the cached build."""
-    if cpu_kernels_choice() == "torch" or not sys.platform.startswith("linux"):
-        return None
-    return _build()
+def cpu_kernels() -> ModuleType:
+    """The built extension, for an op whose ``cpp`` registry entry was chosen. The first call builds (tens of
+    seconds) or loads the cached build; a build that failed raises :class:`~llamafactory_zebra.kernels.KernelLoadError`,
+    so the registry passes the entry over from then on and the op runs the next one."""
+    kernels = _build()
+    if kernels is None:
+        raise KernelLoadError("the package's C++ CPU kernels did not build (the warning above says why)")
+    return kernels

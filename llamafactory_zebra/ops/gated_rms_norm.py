@@ -14,15 +14,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernels import GATED_NORM, Call, run
 from .cpu_extension import cpu_kernels
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x * rsqrt(mean(x^2) + eps) * weight * silu(gate)`` over the last dimension, in x's dtype."""
-    kernel = cpu_kernels() if _fits_the_kernel(x, gate, weight) else None
-    if kernel is not None:
-        return kernel.gated_rms_norm(x.contiguous(), gate.contiguous(), weight.float().contiguous(), eps)
-    return gated_rms_norm_reference(x, gate, weight, eps)
+    """``x * rsqrt(mean(x^2) + eps) * weight * silu(gate)`` over the last dimension, in x's dtype; the kernel
+    is the registry's choice for this call (``kernels/registry.py``: the C++ pass for CPU inference)."""
+    grad = torch.is_grad_enabled() and (x.requires_grad or gate.requires_grad or weight.requires_grad)
+    call = Call.of(x, grad=grad, same_gate=gate.dtype == x.dtype and gate.shape == x.shape)
+    return run(GATED_NORM, call, IMPLEMENTATIONS, x, gate, weight, eps)
+
+
+def gated_rms_norm_cpp(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return cpu_kernels().gated_rms_norm(x.contiguous(), gate.contiguous(), weight.float().contiguous(), eps)
 
 
 def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -34,13 +39,5 @@ def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.
     return hidden.to(x.dtype)
 
 
-def _fits_the_kernel(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor) -> bool:
-    """CPU, bf16 or fp32, one dtype for x and gate, and nothing that needs a gradient."""
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or gate.requires_grad or weight.requires_grad)
-    return (
-        x.device.type == "cpu"
-        and x.dtype in (torch.bfloat16, torch.float32)
-        and gate.dtype == x.dtype
-        and x.shape == gate.shape
-        and not needs_grad
-    )
+# The registry's keys → the functions (a test checks they name exactly its entries).
+IMPLEMENTATIONS = {"cpp": gated_rms_norm_cpp, "torch": gated_rms_norm_reference}

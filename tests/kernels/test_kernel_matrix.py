@@ -9,11 +9,9 @@ for a faked GPU the inputs are ``FakeTensorMode`` tensors on ``cuda`` (shapes an
 spies return outputs of the right shape (in a forked child: see :func:`on_the_machine`). The machine is
 faked the documented way, ``ZEBRA_FAKE_STACK``.
 
-The serving ops of ``ops/gated_delta_rule/in_slots.py`` do not ask the registry yet (phase 2 of issue 36):
-on the CPU the test calls them and checks the branch they take against the registry's row; on a faked
-GPU it checks the one decision they make there (``ops.backend.fla_ops``). The decode step on a machine
-without a compiler is the one cell the current code cannot follow (it builds with this machine's
-compiler), marked as an expected failure until the decode step asks the registry.
+The serving ops (``ops/gated_delta_rule/in_slots.py``: prompt chunks and decode steps on state slots) and the
+gated RMSNorm are checked the same way; the serving layer's conv choice, which needs vLLM, in
+``tests_vllm/test_kernel_choice.py``.
 """
 
 from __future__ import annotations
@@ -37,6 +35,7 @@ from llamafactory_zebra.kernels import (
     CONV,
     DISTILLATION_LOSS,
     FAKE_STACK_ENV_VAR,
+    GATED_NORM,
     GDN_CHUNK,
     GDN_DECODE_STEP,
     GDN_PREFILL_IN_SLOTS,
@@ -48,11 +47,12 @@ from llamafactory_zebra.kernels import (
     this_machine,
 )
 from llamafactory_zebra.ops import backend
-from llamafactory_zebra.ops.gated_delta_rule import cpu_step, dispatch, in_slots
+from llamafactory_zebra.ops.gated_delta_rule import dispatch, in_slots
 from llamafactory_zebra.testing.models import tiny_model
 
 # ``ops/__init__`` exports the function ``causal_conv1d`` under the module's name.
 conv_module = importlib.import_module("llamafactory_zebra.ops.causal_conv1d")
+gated_norm_module = importlib.import_module("llamafactory_zebra.ops.gated_rms_norm")
 HOPPER = ("cuda", "NVIDIA H200", (9, 0), "sm_90")
 
 
@@ -87,6 +87,7 @@ PHASE_OF = {
     ATTENTION: dict(training=False),
     GDN_PREFILL_IN_SLOTS: dict(training=False, serving=True),
     GDN_DECODE_STEP: dict(training=False, serving=True),
+    GATED_NORM: dict(training=False, serving=True),
 }
 
 
@@ -292,73 +293,63 @@ def test_distillation_loss(machine, monkeypatch):
     assert on_the_machine(machine, run) == [doctor_row(machine, DISTILLATION_LOSS)]
 
 
-def _serving_runs_fla(device: str) -> bool:
-    """The one decision the serving ops make for GPU tensors (they ask ``ops.backend.fla_ops``)."""
-    return in_slots.fla_ops(torch.empty(1, device=device), "fla.ops.gated_delta_rule") is not None
+# The slot numbers and prompt borders: real CPU tensors on every machine, as the ops read them on the host
+# (a fake tensor has no values to check).
+SLOTS, BORDERS, FRESH = torch.tensor([3, 1]), torch.tensor([0, 5, 12]), torch.tensor([False, True])
 
 
-def _slot_inputs(tokens: int, dtype: torch.dtype):
+def _slot_inputs(device: str, tokens: int, dtype: torch.dtype):
     heads, dim, slots = 2, 8, 5
-    generator = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(1, tokens, heads, dim, generator=generator).to(dtype) for _ in range(3))
-    g, beta = -torch.rand(1, tokens, heads, generator=generator), torch.rand(1, tokens, heads, generator=generator)
-    state = torch.randn(slots, heads, dim, dim, generator=generator)
-    return q, k, v, g, beta, state, torch.tensor([3, 1])
+    generator = torch.Generator().manual_seed(1) if device == "cpu" else None
+    q, k, v = (torch.randn(1, tokens, heads, dim, generator=generator, device=device).to(dtype) for _ in range(3))
+    g = -torch.rand(1, tokens, heads, generator=generator, device=device)
+    beta = torch.rand(1, tokens, heads, generator=generator, device=device)
+    state = torch.randn(slots, heads, dim, dim, generator=generator, device=device)
+    return q, k, v, g, beta, state
 
 
 def test_serving_prefill_in_slots(machine, monkeypatch):
-    if machine.has_gpu:  # the serving op's one decision for GPU tensors (phase 2: it asks the registry itself)
-        fla = on_the_machine(machine, _serving_runs_fla)
-        assert fla == (doctor_row(machine, GDN_PREFILL_IN_SLOTS) == "fla")
-        return
-    called: list[str] = []
-    bf16_gemm = in_slots.chunk_gated_delta_rule_torch
-    monkeypatch.setattr(
+    called = spies(
+        monkeypatch,
         in_slots,
-        "chunk_gated_delta_rule_torch",
-        lambda *a, **k: called.append("torch-bf16-gemm") or bf16_gemm(*a, **k),
+        "PREFILL_IMPLEMENTATIONS",
+        not machine.has_gpu,
+        lambda q, k, v, *a, **kw: torch.empty_like(v),
     )
-    through_op = in_slots.chunk_gated_delta_rule
-    monkeypatch.setattr(
-        in_slots, "chunk_gated_delta_rule", lambda *a, **k: called.append("torch") or through_op(*a, **k)
+
+    def run(device):
+        q, k, v, g, beta, state = _slot_inputs(device, 12, torch.bfloat16)
+        in_slots.chunk_gated_delta_rule_in_slots(q, k, v, g, beta, state, SLOTS, BORDERS, FRESH)
+        return called
+
+    assert on_the_machine(machine, run) == [doctor_row(machine, GDN_PREFILL_IN_SLOTS)]
+
+
+def test_serving_decode_step(machine, monkeypatch):
+    called = spies(
+        monkeypatch,
+        in_slots,
+        "STEP_IMPLEMENTATIONS",
+        not machine.has_gpu,
+        lambda q, k, v, *a, **kw: torch.empty_like(v),
     )
-    q, k, v, g, beta, state, slots = _slot_inputs(12, torch.bfloat16)
-    cu_seqlens, fresh = torch.tensor([0, 5, 12]), torch.tensor([False, True])
-    in_slots.chunk_gated_delta_rule_in_slots(q, k, v, g, beta, state, slots, cu_seqlens, fresh)
-    assert called == [doctor_row(machine, GDN_PREFILL_IN_SLOTS)]
+
+    def run(device):
+        q, k, v, g, beta, state = _slot_inputs(device, 2, torch.bfloat16)
+        in_slots.fused_recurrent_gated_delta_rule_in_slots(q[0], k[0], v[0], g[0], beta[0], state, SLOTS)
+        return called
+
+    assert on_the_machine(machine, run) == [doctor_row(machine, GDN_DECODE_STEP)]
 
 
-def _decode_step(machine, monkeypatch) -> list[str]:
-    called: list[str] = []
-    monkeypatch.setattr(cpu_step, "_build", lambda: "the C++ step's module (not built by this test)")
-    monkeypatch.setattr(
-        in_slots, "cpu_step_in_slots", lambda kernel, q, *a: called.append("cpp") or torch.zeros_like(q)
+def test_gated_rms_norm(machine, monkeypatch):
+    called = spies(
+        monkeypatch, gated_norm_module, "IMPLEMENTATIONS", not machine.has_gpu, lambda x, *a: torch.empty_like(x)
     )
-    step_in_place = in_slots._step_in_place
-    monkeypatch.setattr(in_slots, "_step_in_place", lambda *a: called.append("torch") or step_in_place(*a))
-    q, k, v, g, beta, state, slots = _slot_inputs(2, torch.float32)
-    in_slots.fused_recurrent_gated_delta_rule_in_slots(q[0], k[0], v[0], g[0], beta[0], state, slots)
-    return called
 
+    def run(device):
+        x = torch.randn(3, 2, 8, device=device).to(torch.bfloat16)
+        gated_norm_module.gated_rms_norm(x, x.clone(), torch.ones(8, device=device), 1e-6)
+        return called
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        name if name != "cpu, no compiler" else pytest.param(name, marks=pytest.mark.xfail(
-            strict=True, reason="phase 2: in_slots.py builds the C++ step with this machine's compiler"))
-        for name in MACHINES
-    ],
-)  # fmt: skip
-def test_serving_decode_step(name, monkeypatch):
-    stack = MACHINES[name]
-    monkeypatch.setenv(FAKE_STACK_ENV_VAR, _as_json(stack))
-    monkeypatch.delenv("ZEBRA_CPU_KERNELS", raising=False)
-    monkeypatch.delenv("ZEBRA_GDN_BACKEND", raising=False)
-    monkeypatch.setattr(backend, "fla_module", _fla_stand_in)
-    monkeypatch.setattr(registry, "_unusable", {})
-    registry._select.cache_clear()
-    if stack.has_gpu:
-        fla = on_the_machine(stack, _serving_runs_fla)
-        assert fla == (doctor_row(stack, GDN_DECODE_STEP) == "fla")
-        return
-    assert _decode_step(stack, monkeypatch) == [doctor_row(stack, GDN_DECODE_STEP)]
+    assert on_the_machine(machine, run) == [doctor_row(machine, GATED_NORM)]

@@ -32,7 +32,7 @@ from llamafactory_zebra.kernels.registry import implementations
 
 CPU = Stack("cpu", versions={"fla-core": "0.6.0"}, compiler="/usr/bin/c++")
 H200 = Stack("cuda", "NVIDIA H200", (9, 0), "sm_90", {"fla-core": "0.6.0", "triton": "3.7.1", "liger-kernel": "0.8.5"})
-DECODE = dict(state_dtype=torch.float32, compute_dtype=torch.float32, state_rows_contiguous=True)
+DECODE = dict(state_dtype=torch.float32, state_rows_contiguous=True)
 
 
 @pytest.fixture(autouse=True)
@@ -85,17 +85,17 @@ def test_the_switches_leave_out_force_and_demand():
             select(GDN_CHUNK, cpu, CPU)
         patch.setenv("TRITON_INTERPRET", "1")  # ... unless Triton's interpreter runs it on the CPU
         assert select(GDN_CHUNK, cpu, CPU).kernel.key == "fla"
-    assert select(GDN_DECODE_STEP, Call.on("cpu", **DECODE), CPU).kernel.key == "cpp"
+    assert select(GDN_DECODE_STEP, Call.on("cpu", torch.float32, **DECODE), CPU).kernel.key == "cpp"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ZEBRA_CPU_KERNELS", "torch")
-        assert select(GDN_DECODE_STEP, Call.on("cpu", **DECODE), CPU).kernel.key == "torch"
+        assert select(GDN_DECODE_STEP, Call.on("cpu", torch.float32, **DECODE), CPU).kernel.key == "torch"
         patch.setenv("ZEBRA_PACKED_SDPA", "dense_mask")  # sdpa only: FlashAttention's varlen path stays
         assert select(ATTENTION, Call.on("cuda", attn_implementation="sdpa"), H200).kernel.key == "dense_mask"
         flash = Call.on("cuda", attn_implementation="flash_attention_2")
         assert select(ATTENTION, flash, H200).kernel.key == "flash_varlen"
         patch.setenv("ZEBRA_CPU_KERNELS", "rust")
         with pytest.raises(ValueError, match="ZEBRA_CPU_KERNELS='rust' is not valid; use one of auto, torch"):
-            select(GDN_DECODE_STEP, Call.on("cpu", **DECODE), CPU)
+            select(GDN_DECODE_STEP, Call.on("cpu", torch.float32, **DECODE), CPU)
     assert select(LOSS, Call.on("cuda"), H200, force="chunked").kernel.key == "chunked"
     with pytest.raises(KernelUnavailable, match="loss: liger demanded but loss cannot run it on cpu"):
         select(LOSS, Call.on("cpu"), CPU, force="liger")
@@ -104,18 +104,32 @@ def test_the_switches_leave_out_force_and_demand():
 def test_each_entry_fits_only_the_calls_it_takes():
     no_bf16 = Stack("cpu", compiler="/usr/bin/c++")
     bf16 = Stack("cpu", cpu_features=frozenset({"avx512_bf16"}), compiler="/usr/bin/c++")
-    bf16_call = Call.on("cpu", torch.bfloat16)
-    assert select(GDN_PREFILL_IN_SLOTS, bf16_call, bf16).kernel.key == "torch-bf16-gemm"
-    assert select(GDN_PREFILL_IN_SLOTS, bf16_call, no_bf16).kernel.key == "torch"
-    assert select(GDN_PREFILL_IN_SLOTS, Call.on("cpu", torch.float32), bf16).kernel.key == "torch"
-    for state in ({**DECODE, "state_dtype": torch.bfloat16}, {**DECODE, "state_rows_contiguous": False}):
-        assert select(GDN_DECODE_STEP, Call.on("cpu", **state), CPU).kernel.key == "torch"
+    bf16_call = Call.on("cpu", torch.bfloat16, state_dtype=torch.float32)
+    assert select(GDN_PREFILL_IN_SLOTS, bf16_call, bf16).kernel.key == "cpp-bf16-gemm"
+    assert select(GDN_PREFILL_IN_SLOTS, bf16_call, no_bf16).kernel.key == "cpp"
+    fp32_call = Call.on("cpu", torch.float32, state_dtype=torch.float32)
+    assert select(GDN_PREFILL_IN_SLOTS, fp32_call, bf16).kernel.key == "cpp"
+    bf16_state = Call.on("cpu", torch.bfloat16, state_dtype=torch.bfloat16)
+    assert select(GDN_PREFILL_IN_SLOTS, bf16_state, bf16).kernel.key == "torch-bf16-gemm"
+    assert (
+        select(GDN_PREFILL_IN_SLOTS, Call.on("cpu", torch.float64, state_dtype=torch.float64), bf16).kernel.key
+        == "torch"
+    )
+    assert (
+        select(
+            GDN_DECODE_STEP, Call.on("cpu", torch.bfloat16, **{**DECODE, "state_dtype": torch.bfloat16}), CPU
+        ).kernel.key
+        == "cpp"
+    )
+    for dtype, state in ((torch.float32, {**DECODE, "state_rows_contiguous": False}), (torch.float64, DECODE)):
+        assert select(GDN_DECODE_STEP, Call.on("cpu", dtype, **state), CPU).kernel.key == "torch"
     windows = Stack("cpu", compiler="/usr/bin/c++", platform="win32")
     passed_over = dict(
-        (k.key, why) for k, why in select(GDN_DECODE_STEP, Call.on("cpu", **DECODE), windows).passed_over
+        (k.key, why)
+        for k, why in select(GDN_DECODE_STEP, Call.on("cpu", torch.float32, **DECODE), windows).passed_over
     )
     assert passed_over["cpp"] == "not Linux (win32)"
-    assert select(GDN_DECODE_STEP, Call.on("cpu", **DECODE), Stack("cpu")).kernel.key == "torch"
+    assert select(GDN_DECODE_STEP, Call.on("cpu", torch.float32, **DECODE), Stack("cpu")).kernel.key == "torch"
 
 
 def test_a_package_that_does_not_load_passes_to_the_next_entry_with_one_warning(monkeypatch):

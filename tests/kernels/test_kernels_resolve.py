@@ -330,14 +330,22 @@ def test_inference_entry_points_get_the_wrapped_parser_and_log_without_stopping(
 
 def _fla_that_does_not_import_on_a_gpu_tensor(device: str) -> tuple[list[str], str, str, bool]:
     """Two calls on a (faked) GPU tensor, doctor's row after them, and a call on a CPU tensor."""
-    from llamafactory_zebra.ops import backend
+    from llamafactory_zebra.kernels import GDN_CHUNK, Call, run
+    from llamafactory_zebra.kernels.registry import implementations
+    from llamafactory_zebra.ops.backend import first_fla_module
+
+    def fla_or_none(tensor):
+        """What an op does: fla where the registry chose it, else its PyTorch path (None here)."""
+        choices = {key: (lambda: None) for key in implementations(GDN_CHUNK)}
+        choices["fla"] = lambda: first_fla_module(("fla.ops.gated_delta_rule",))
+        return run(GDN_CHUNK, Call.of(tensor), choices)
 
     warnings = []
     resolve_module.logger.warning = warnings.append
     gpu_tensor = torch.empty(2, device=device)
-    results = [backend.fla_ops(gpu_tensor, "fla.ops.gated_delta_rule") for _ in range(2)]
+    results = [fla_or_none(gpu_tensor) for _ in range(2)]
     row = resolve(detect_stack(), training=False).choice("GDN chunk")
-    cpu = backend.fla_ops(torch.empty(2, device="cpu"), "fla.ops.gated_delta_rule")
+    cpu = fla_or_none(torch.empty(2, device="cpu"))
     return warnings, row.family, row.reason, results == [None, None] and cpu is None
 
 

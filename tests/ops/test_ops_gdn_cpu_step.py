@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import llamafactory_zebra.ops.cpu_extension as cpu_extension_module
+from llamafactory_zebra.kernels import GDN_DECODE_STEP, Call, KernelLoadError, registry, select
 from llamafactory_zebra.kernels.switches import CPU_KERNELS_ENV_VAR
 from llamafactory_zebra.ops import (
     cpu_kernels,
@@ -65,13 +66,13 @@ def test_kernel_matches_the_reference_and_leaves_other_slots_alone(heads, key_di
 @pytest.fixture
 def kernel_calls(monkeypatch):
     calls = []
-    real = in_slots.cpu_step_in_slots
+    real = in_slots.STEP_IMPLEMENTATIONS["cpp"]
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(in_slots, "cpu_step_in_slots", counting)
+    monkeypatch.setitem(in_slots.STEP_IMPLEMENTATIONS, "cpp", counting)
     return calls
 
 
@@ -130,8 +131,9 @@ def test_a_bf16_state_is_stepped_as_the_pytorch_step_steps_it(monkeypatch):
 
 def test_an_unknown_switch_value_is_refused(monkeypatch):
     monkeypatch.setenv(CPU_KERNELS_ENV_VAR, "fast")
+    q, k, v, g, beta = inputs(1, 1, 4, 4)
     with pytest.raises(ValueError, match="ZEBRA_CPU_KERNELS='fast' is not valid; use one of auto, torch"):
-        cpu_kernels()
+        fused_recurrent_gated_delta_rule_in_slots(q, k, v, g, beta, torch.zeros(2, 1, 4, 4), torch.tensor([0]))
 
 
 def test_a_failed_build_keeps_the_pytorch_step_with_a_warning(monkeypatch, caplog):
@@ -141,10 +143,12 @@ def test_a_failed_build_keeps_the_pytorch_step_with_a_warning(monkeypatch, caplo
         raise RuntimeError("Error building extension: c++: not found")
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
+    monkeypatch.setattr(registry, "_unusable", {})  # the registry forgets the failure after the test
     cpu_extension_module._build.cache_clear()
+    registry._select.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING):
-            assert cpu_kernels() is None
+        with caplog.at_level(logging.WARNING), pytest.raises(KernelLoadError, match="did not build"):
+            cpu_kernels()
         q, k, v, g, beta = inputs(2, 2, 8, 16)
         cache = torch.randn(3, 2, 8, 16) * 0.1
         expected_o, _ = reference_step(q, k, v, g, beta, cache[[1, 0]], 8**-0.5)
@@ -152,8 +156,13 @@ def test_a_failed_build_keeps_the_pytorch_step_with_a_warning(monkeypatch, caplo
             q, k, v, g, beta, cache, torch.tensor([1, 0]), use_qk_l2norm_in_kernel=True
         )
         torch.testing.assert_close(o.double(), expected_o, rtol=1e-5, atol=1e-5)
+        assert (
+            select(GDN_DECODE_STEP, Call.of(q, state_dtype=cache.dtype, state_rows_contiguous=True)).kernel.key
+            == "torch"
+        )
     finally:
         cpu_extension_module._build.cache_clear()  # the next test loads the real build again (cached on disk)
+        registry._select.cache_clear()
     message = caplog.text
     assert "could not build the C++ CPU kernels (RuntimeError: Error building extension: c++: not found)" in message
     assert "ZEBRA_CPU_KERNELS=torch" in message

@@ -1,11 +1,10 @@
 """The slot-indexed ops (decode step, prompt chunks, conv windows) against fp64 references."""
 
-import importlib
-
 import pytest
 import torch
 import torch.nn.functional as F
 
+from llamafactory_zebra.kernels import GDN_PREFILL_IN_SLOTS, Call, select
 from llamafactory_zebra.kernels.switches import CPU_KERNELS_ENV_VAR
 from llamafactory_zebra.ops import (
     causal_conv1d_in_slots,
@@ -15,7 +14,10 @@ from llamafactory_zebra.ops import (
     naive_recurrent_gated_delta_rule,
 )
 from llamafactory_zebra.ops.gated_delta_rule import in_slots
-from llamafactory_zebra.ops.gated_delta_rule.chunk_prefill import chunk_gated_delta_rule_prefill
+from llamafactory_zebra.ops.gated_delta_rule.chunk_prefill import (
+    chunk_gated_delta_rule_prefill,
+    chunk_gated_delta_rule_prefill_cpp,
+)
 
 
 def step_inputs(seqs, heads, key_dim, value_dim, seed=0):
@@ -198,11 +200,10 @@ def test_prefill_with_bf16_operands_stays_within_bf16_noise():
 @pytest.mark.parametrize(
     ("lengths", "heads", "key_dim", "value_dim"), [([5, 65, 200, 1, 128], 3, 33, 7), ([64, 3], 2, 256, 512)]
 )
-def test_prefill_cpu_kernel_agrees_with_its_pytorch_path(monkeypatch, lengths, heads, key_dim, value_dim, threads):
+def test_prefill_cpu_kernel_agrees_with_its_pytorch_path(lengths, heads, key_dim, value_dim, threads):
     """The C++ prefill (``cpu_prefill.cpp``) against the prefill op's PyTorch path, fp32 and bf16 inputs, exact
     and bf16 operands, states continued from scattered slots of a ``[slots, H, V, K]`` cache, other slots
     untouched; the exact fp32 run also against the fp64 reference."""
-    kernel_module = importlib.import_module("llamafactory_zebra.ops.gated_delta_rule.chunk_prefill")
     has_initial_state = torch.tensor([i % 2 == 1 for i in range(len(lengths))])
     inputs, cu_seqlens = packed_inputs(lengths, heads, key_dim, value_dim)
     storage = 0.3 * cache_of(len(lengths) + 3, heads, key_dim, value_dim, True, torch.float32)
@@ -211,21 +212,19 @@ def test_prefill_cpu_kernel_agrees_with_its_pytorch_path(monkeypatch, lengths, h
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for dtype, matmul_dtype in ((torch.float32, None), (torch.bfloat16, None), (torch.bfloat16, torch.bfloat16)):
-            runs = {}
-            for path in ("kernel", "pytorch"):
-                if path == "pytorch":
-                    monkeypatch.setattr(kernel_module, "cpu_kernels", lambda: None)
-                cache = storage.clone()
-                o = chunk_gated_delta_rule_prefill(
-                    *(t.to(dtype) for t in inputs), cache, slots, cu_seqlens, has_initial_state,
-                    use_qk_l2norm_in_kernel=True, matmul_dtype=matmul_dtype,
-                )  # fmt: skip
-                runs[path] = (o, cache)
-                monkeypatch.undo()
-            (o_kernel, kernel_cache), (o_torch, torch_cache) = runs["kernel"], runs["pytorch"]
+        for dtype, bf16_operands in ((torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)):
+            arguments = (slots, cu_seqlens, has_initial_state)
+            kernel_cache, torch_cache = storage.clone(), storage.clone()
+            o_kernel = chunk_gated_delta_rule_prefill_cpp(
+                *(t.to(dtype) for t in inputs), kernel_cache, *arguments, use_qk_l2norm_in_kernel=True,
+                bf16_operands=bf16_operands,
+            )  # fmt: skip
+            o_torch = chunk_gated_delta_rule_prefill(
+                *(t.to(dtype) for t in inputs), torch_cache, *arguments, use_qk_l2norm_in_kernel=True,
+                matmul_dtype=torch.bfloat16 if bf16_operands else None,
+            )  # fmt: skip
             assert o_kernel.dtype == dtype
-            tolerance = 1e-5 if matmul_dtype is None and dtype == torch.float32 else 2e-2
+            tolerance = 1e-5 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(o_kernel.float(), o_torch.float(), rtol=tolerance, atol=tolerance)
             torch.testing.assert_close(kernel_cache, torch_cache, rtol=tolerance, atol=tolerance)
             untouched = [i for i in range(storage.shape[0]) if i not in slots.tolist()]
@@ -237,28 +236,35 @@ def test_prefill_cpu_kernel_agrees_with_its_pytorch_path(monkeypatch, lengths, h
         torch.set_num_threads(previous)
 
 
-def test_prefill_takes_the_cpu_kernel_only_where_it_fits(monkeypatch):
-    """fp32 and bf16 inputs on an fp32 state take the kernel; fp64 inputs, a bf16 state and
-    ``ZEBRA_CPU_KERNELS=torch`` keep the PyTorch path."""
-    kernel_module = importlib.import_module("llamafactory_zebra.ops.gated_delta_rule.chunk_prefill")
+@pytest.mark.parametrize(
+    ("case", "dtype", "state_dtype", "expected"),
+    [
+        ("fp32", torch.float32, torch.float32, "cpp"),
+        ("bf16", torch.bfloat16, torch.float32, "cpp-bf16-gemm"),
+        ("fp64", torch.float64, torch.float64, "torch"),
+        ("bf16 state", torch.bfloat16, torch.bfloat16, "torch-bf16-gemm"),
+        ("ZEBRA_CPU_KERNELS=torch", torch.bfloat16, torch.float32, "torch-bf16-gemm"),
+    ],
+)
+def test_prefill_on_this_cpu_runs_what_the_registry_names(monkeypatch, case, dtype, state_dtype, expected):
+    """On this machine (a CPU with bf16 dot products and a compiler): fp32 and bf16 inputs on an fp32 state
+    take the C++ prefill, bf16 ones with bf16 operands; fp64 inputs, a bf16 state and ``ZEBRA_CPU_KERNELS=torch``
+    keep the PyTorch path. The choice is the registry's (``select``) and the op runs it."""
+    if case == "ZEBRA_CPU_KERNELS=torch":
+        monkeypatch.setenv(CPU_KERNELS_ENV_VAR, "torch")
     calls = []
-    real = kernel_module.cpu_kernels
-    monkeypatch.setattr(kernel_module, "cpu_kernels", lambda: calls.append(1) or real())
+    for key, function in list(in_slots.PREFILL_IMPLEMENTATIONS.items()):
+        monkeypatch.setitem(
+            in_slots.PREFILL_IMPLEMENTATIONS,
+            key,
+            lambda *a, key=key, function=function, **k: calls.append(key) or function(*a, **k),
+        )
     inputs, cu_seqlens = packed_inputs([3, 4], 1, 4, 4)
+    cache = torch.zeros(2, 1, 4, 4, dtype=state_dtype)
     fresh = torch.tensor([False, False])
-    cases = [
-        ("fp32", torch.float32, torch.float32, True),
-        ("bf16", torch.bfloat16, torch.float32, True),
-        ("fp64", torch.float64, torch.float64, False),
-        ("bf16 state", torch.bfloat16, torch.bfloat16, False),
-    ]
-    for name, dtype, state_dtype, uses_kernel in cases:
-        calls.clear()
-        cache = torch.zeros(2, 1, 4, 4, dtype=state_dtype)
-        chunk_gated_delta_rule_prefill(*(t.to(dtype) for t in inputs), cache, torch.tensor([0, 1]), cu_seqlens, fresh)
-        assert bool(calls) == uses_kernel, name
-    monkeypatch.setenv(CPU_KERNELS_ENV_VAR, "torch")
-    assert real() is None
+    chunk_gated_delta_rule_in_slots(*(t.to(dtype) for t in inputs), cache, torch.tensor([0, 1]), cu_seqlens, fresh)
+    assert calls == [expected]
+    assert select(GDN_PREFILL_IN_SLOTS, Call.of(inputs[0].to(dtype), state_dtype=state_dtype)).kernel.key == expected
 
 
 def test_prefill_refuses_other_operand_dtypes():
@@ -268,39 +274,6 @@ def test_prefill_refuses_other_operand_dtypes():
             *inputs, torch.zeros(1, 1, 4, 4), torch.tensor([0]), cu_seqlens, torch.tensor([False]),
             matmul_dtype=torch.float16,
         )  # fmt: skip
-
-
-@pytest.mark.parametrize("bf16_dot_products", [True, False])
-def test_chunk_on_slots_takes_bf16_gemm_operands_only_where_the_cpu_has_bf16_dot_products(
-    monkeypatch, bf16_dot_products
-):
-    """bf16 inputs on a CPU: the output is bit-for-bit the prefill op's with bf16 GEMM operands where the
-    CPU has bf16 dot products, and its exact path's elsewhere; fp32 inputs always take the exact path."""
-    monkeypatch.setattr(in_slots, "cpu_has_bf16_dot_products", lambda: bf16_dot_products)
-    lengths, heads, key_dim, value_dim = [3, 66], 2, 16, 8
-    for dtype in (torch.bfloat16, torch.float32):
-        inputs, cu_seqlens = packed_inputs(lengths, heads, key_dim, value_dim, dtype=dtype)
-        slots, fresh_start = torch.tensor([1, 0]), torch.tensor([False, False])
-
-        def prefill(matmul_dtype, inputs=inputs, cu_seqlens=cu_seqlens, slots=slots, fresh_start=fresh_start):
-            cache = torch.zeros(2, heads, key_dim, value_dim)
-            o = chunk_gated_delta_rule_prefill(
-                *inputs, cache, slots, cu_seqlens, fresh_start, use_qk_l2norm_in_kernel=True,
-                matmul_dtype=matmul_dtype,
-            )  # fmt: skip
-            return o, cache
-
-        cache = torch.zeros(2, heads, key_dim, value_dim)
-        o = chunk_gated_delta_rule_in_slots(
-            *inputs, cache, slots, cu_seqlens, fresh_start, use_qk_l2norm_in_kernel=True
-        )
-        bf16_operands = dtype == torch.bfloat16 and bf16_dot_products
-        expected_o, expected_cache = prefill(torch.bfloat16 if bf16_operands else None)
-        other_o, _ = prefill(None if bf16_operands or dtype != torch.bfloat16 else torch.bfloat16)
-        if dtype == torch.bfloat16:  # the two paths differ, so the equality below tells them apart
-            assert not torch.equal(other_o, expected_o)
-        assert torch.equal(o, expected_o)
-        assert torch.equal(cache, expected_cache)
 
 
 def test_chunk_on_slots_bad_arguments_are_named():
@@ -355,3 +328,26 @@ def test_conv_on_slots_names_a_cache_of_the_wrong_width():
     x, weight = torch.randn(2, 5), torch.randn(5, 4)
     with pytest.raises(ValueError, match=r"conv_cache must have shape \[slots, D, W - 1\]"):
         causal_conv1d_update_in_slots(x, weight, torch.zeros(3, 5, 4), torch.tensor([0, 1]))
+
+
+@pytest.mark.parametrize(
+    ("features", "compiler", "expected"),
+    [
+        (frozenset({"avx512_bf16"}), "c++", "cpp-bf16-gemm"),
+        (frozenset(), "c++", "cpp"),
+        (frozenset({"avx512_bf16"}), None, "torch-bf16-gemm"),
+        (frozenset(), None, "torch"),
+    ],
+)
+def test_bf16_operands_only_where_the_cpu_has_bf16_dot_products(features, compiler, expected):
+    """bf16 prompt chunks take bf16 GEMM operands only on a CPU with bf16 dot products (AVX-512-BF16, AMX, Arm
+    bf16), and the C++ prefill only where a compiler can build it; fp32 inputs never take bf16 operands."""
+    import dataclasses
+
+    from llamafactory_zebra.kernels import this_machine
+
+    stack = dataclasses.replace(this_machine(), cpu_features=features, compiler=compiler, faked=True)
+    bf16_call = Call.on("cpu", torch.bfloat16, state_dtype=torch.float32)
+    fp32_call = Call.on("cpu", torch.float32, state_dtype=torch.float32)
+    assert select(GDN_PREFILL_IN_SLOTS, bf16_call, stack).kernel.key == expected
+    assert select(GDN_PREFILL_IN_SLOTS, fp32_call, stack).kernel.key == ("cpp" if compiler else "torch")

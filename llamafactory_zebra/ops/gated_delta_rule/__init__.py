@@ -7,14 +7,12 @@ from .fused_recurrent import fused_recurrent_gated_delta_rule_torch
 from .gates import gdn_gates
 from .in_slots import (
     chunk_gated_delta_rule_in_slots,
-    cpu_has_bf16_dot_products,
     fused_recurrent_gated_delta_rule_in_slots,
 )
 from .naive import naive_recurrent_gated_delta_rule
 
 __all__ = [
     "chunk_gated_delta_rule_in_slots",
-    "cpu_has_bf16_dot_products",
     "chunk_gated_delta_rule",
     "chunk_gated_delta_rule_parallel",
     "chunk_gated_delta_rule_torch",

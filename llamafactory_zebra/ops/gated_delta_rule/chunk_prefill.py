@@ -50,7 +50,7 @@ def chunk_gated_delta_rule_prefill(
     matmul_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Segment ``i`` of the packed ``[1, T, H, *]`` inputs from slot ``state_indices[i]``; returns ``o``
-    ``[1, T, H, V]`` in q's dtype and writes each final state into its slot.
+    ``[1, T, H, V]`` in q's dtype and writes each final state into its slot (the PyTorch path).
 
     The arguments are those of ``ops.chunk_gated_delta_rule_in_slots`` (which checks them), plus
     ``matmul_dtype``: ``None`` (the compute dtype: exact) or ``torch.bfloat16`` (bf16 GEMM operands).
@@ -61,13 +61,6 @@ def chunk_gated_delta_rule_prefill(
         raise ValueError(f"matmul_dtype must be None or torch.bfloat16, got {matmul_dtype}.")
     _, seq_len, heads, key_dim = q.shape
     scale = key_dim**-0.5 if scale is None else float(scale)
-    kernel = cpu_kernels() if _fits_the_kernel(q, state, operand) else None
-    if kernel is not None:
-        return kernel.gated_delta_prefill_in_slots(
-            q[0].contiguous(), k[0].contiguous(), v[0].to(q.dtype).contiguous(), g[0].float().contiguous(),
-            beta[0].float().contiguous(), state, state_indices.long(), cu_seqlens.long(), has_initial_state,
-            scale, use_qk_l2norm_in_kernel, operand == torch.bfloat16,
-        )[None]  # fmt: skip
     starts, lengths = segment_bounds(1, seq_len, cu_seqlens)
     plan = make_chunk_plan(starts, lengths, CHUNK_SIZE, q.device)
     size = plan.chunk_size
@@ -101,11 +94,26 @@ def chunk_gated_delta_rule_prefill(
     return plan.from_chunks(o)[None].to(q.dtype)
 
 
-def _fits_the_kernel(q: torch.Tensor, state: torch.Tensor, operand: torch.dtype) -> bool:
-    """The C++ path (``cpu_prefill.cpp``) takes CPU bf16 or fp32 inputs on an fp32 state."""
-    return (
-        q.device.type == "cpu"
-        and q.dtype in (torch.bfloat16, torch.float32)
-        and state.dtype == torch.float32
-        and (operand == torch.float32 or q.dtype == torch.bfloat16)
-    )
+def chunk_gated_delta_rule_prefill_cpp(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    state_indices: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    has_initial_state: torch.Tensor,
+    scale: float | None = None,
+    *,
+    use_qk_l2norm_in_kernel: bool = False,
+    bf16_operands: bool = False,
+) -> torch.Tensor:
+    """:func:`chunk_gated_delta_rule_prefill` through ``cpu_prefill.cpp``, where the registry chose it (CPU bf16
+    or fp32 inputs on an fp32 state; ``bf16_operands`` for bf16 inputs)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    return cpu_kernels().gated_delta_prefill_in_slots(
+        q[0].contiguous(), k[0].contiguous(), v[0].to(q.dtype).contiguous(), g[0].float().contiguous(),
+        beta[0].float().contiguous(), state, state_indices.long(), cu_seqlens.long(), has_initial_state,
+        scale, use_qk_l2norm_in_kernel, bf16_operands,
+    )[None]  # fmt: skip

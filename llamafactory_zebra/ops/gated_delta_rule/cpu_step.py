@@ -11,13 +11,12 @@ that keeps the PyTorch step: ``ops/cpu_extension.py``.
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
+
+from ..cpu_extension import cpu_kernels
 
 
 def cpu_step_in_slots(
-    kernel: ModuleType,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -30,22 +29,10 @@ def cpu_step_in_slots(
 ) -> torch.Tensor:
     """Advance ``state[state_indices[i]]`` by token i in place and return ``o`` ``[N, H, V]`` in q's dtype.
 
-    ``kernel`` is the built extension (``ops.cpu_kernels()``); the arguments are those of
-    ``fused_recurrent_gated_delta_rule_in_slots``, where :func:`cpu_step_fits` holds: the kernel normalises and
-    scales q and k and takes exp(g) itself."""
-    return kernel.gated_delta_step_in_slots(
+    The arguments are those of ``fused_recurrent_gated_delta_rule_in_slots`` where the registry chose this
+    kernel (bf16 or fp32 CPU inputs on an fp32 or bf16 state with rows of V contiguous); the kernel normalises
+    and scales q and k and takes exp(g) itself."""
+    return cpu_kernels().gated_delta_step_in_slots(
         state, state_indices.to(torch.int64).contiguous(), q.contiguous(), k.contiguous(), v.to(q.dtype).contiguous(),
         g.float().contiguous(), beta.float().contiguous(), scale, use_qk_l2norm_in_kernel,
     )  # fmt: skip
-
-
-def cpu_step_fits(q: torch.Tensor, state: torch.Tensor) -> bool:
-    """Whether the kernel takes this call: CPU bf16 or fp32 inputs (computed in fp32) on a CPU fp32 or bf16 state
-    (``--mamba-ssm-cache-dtype``) with rows of V contiguous."""
-    return (
-        q.device.type == "cpu"
-        and q.dtype in (torch.float32, torch.bfloat16)
-        and state.device.type == "cpu"
-        and state.dtype in (torch.float32, torch.bfloat16)
-        and state.stride(-1) == 1
-    )

@@ -37,16 +37,16 @@ cache in place.
 from __future__ import annotations
 
 import functools
-import platform
+from collections.abc import Callable
 
 import torch
 
-from ..backend import fla_ops
-from ..cpu_extension import cpu_kernels
+from ...kernels import GDN_DECODE_STEP, GDN_PREFILL_IN_SLOTS, Call, run
+from ..backend import fla_function
 from .checks import check_gdn_inputs, compute_dtype, l2norm
-from .chunk_prefill import chunk_gated_delta_rule_prefill
-from .cpu_step import cpu_step_fits, cpu_step_in_slots
-from .dispatch import _FLA_GDN, chunk_gated_delta_rule
+from .chunk_prefill import chunk_gated_delta_rule_prefill, chunk_gated_delta_rule_prefill_cpp
+from .cpu_step import cpu_step_in_slots
+from .dispatch import _FLA_GDN
 
 
 def _check_step_inputs(q, k, v, g, beta, state, state_indices) -> None:
@@ -103,19 +103,24 @@ def fused_recurrent_gated_delta_rule_in_slots(
         another dtype is converted for the step and written back in its own dtype.
     """
     _check_step_inputs(q, k, v, g, beta, state, state_indices)
-    fla = fla_ops(q, _FLA_GDN)
-    if fla is not None:
-        o, final = fla.fused_recurrent_gated_delta_rule(
-            q=q[:, None], k=k[:, None], v=v[:, None], g=g[:, None], beta=beta[:, None], scale=scale,
-            initial_state=state[state_indices].to(compute_dtype(q.dtype)), output_final_state=True,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        )  # fmt: skip
-        state[state_indices] = final.to(state.dtype)
-        return o[:, 0]
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    kernel = cpu_kernels() if cpu_step_fits(q, state) else None
-    if kernel is not None:
-        return cpu_step_in_slots(kernel, q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm_in_kernel)
+    call = Call.of(q, state_dtype=state.dtype, state_rows_contiguous=state.stride(-1) == 1)
+    arguments = (q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm_in_kernel)
+    return run(GDN_DECODE_STEP, call, STEP_IMPLEMENTATIONS, *arguments)
+
+
+def _step_fla(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm_in_kernel) -> torch.Tensor:
+    """fla's kernel on the gathered slots, the final states written back (fla 0.6 takes no state indices)."""
+    o, final = fla_function((_FLA_GDN,), "fused_recurrent_gated_delta_rule")(
+        q=q[:, None], k=k[:, None], v=v[:, None], g=g[:, None], beta=beta[:, None], scale=scale,
+        initial_state=state[state_indices].to(compute_dtype(q.dtype)), output_final_state=True,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+    )  # fmt: skip
+    state[state_indices] = final.to(state.dtype)
+    return o[:, 0]
+
+
+def _step_torch(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm_in_kernel) -> torch.Tensor:
     in_dtype, dtype = q.dtype, compute_dtype(q.dtype)
     q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
     if use_qk_l2norm_in_kernel:
@@ -181,30 +186,44 @@ def chunk_gated_delta_rule_in_slots(
             f"has_initial_state must be a bool tensor of shape [N] = [{num_seqs}] (one per cu_seqlens segment), "
             f"got {has_initial_state.dtype} {tuple(has_initial_state.shape)}."
         )
-    if q.device.type == "cpu" and fla_ops(q, _FLA_GDN) is None:
-        bf16_operands = q.dtype == torch.bfloat16 and cpu_has_bf16_dot_products()
-        return chunk_gated_delta_rule_prefill(
-            q, k, v, g, beta, state, state_indices, cu_seqlens, has_initial_state, scale,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, matmul_dtype=torch.bfloat16 if bf16_operands else None,
-        )  # fmt: skip
+    call = Call.of(q, state_dtype=state.dtype)
+    arguments = (q, k, v, g, beta, state, state_indices, cu_seqlens, has_initial_state, scale)
+    return run(
+        GDN_PREFILL_IN_SLOTS,
+        call,
+        PREFILL_IMPLEMENTATIONS,
+        *arguments,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+    )
+
+
+def _prefill_fla(
+    q, k, v, g, beta, state, state_indices, cu_seqlens, has_initial_state, scale, *, use_qk_l2norm_in_kernel
+) -> torch.Tensor:
+    """fla's kernel on the gathered slots, the final states written back (fla 0.6 takes no state indices)."""
     if bool(has_initial_state.any()):
         initial_state = state[state_indices].to(compute_dtype(q.dtype))
         initial_state[~has_initial_state] = 0
     else:
         initial_state = None  # every sequence's first chunk (the usual prefill): no slot to read
-    o, final = chunk_gated_delta_rule(
-        q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state, output_final_state=True,
-        cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+    o, final = fla_function((_FLA_GDN,), "chunk_gated_delta_rule")(
+        q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state, output_final_state=True,
+        cu_seqlens=cu_seqlens.to(torch.int64), use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
     )  # fmt: skip
     state[state_indices] = final.to(state.dtype)
     return o
 
 
-@functools.cache
-def cpu_has_bf16_dot_products() -> bool:
-    """Whether this CPU's bf16 GEMMs run faster than fp32 ones: AVX-512-BF16, or Arm's bf16 extension
-    (the two cases vLLM's CPU GDN op checks; written with PyTorch's own probes because ops never import vLLM)."""
-    if torch.cpu._is_avx512_bf16_supported():
-        return True
-    arm = platform.machine().lower() in ("aarch64", "arm64")
-    return arm and bool(torch.cpu.get_capabilities().get("bf16", False))
+def _with(function: Callable, **options) -> Callable:
+    return functools.partial(function, **options)
+
+
+# The registry's keys → the functions (a test checks they name exactly its entries).
+STEP_IMPLEMENTATIONS: dict[str, Callable] = {"fla": _step_fla, "cpp": cpu_step_in_slots, "torch": _step_torch}
+PREFILL_IMPLEMENTATIONS: dict[str, Callable] = {
+    "fla": _prefill_fla,
+    "cpp-bf16-gemm": _with(chunk_gated_delta_rule_prefill_cpp, bf16_operands=True),
+    "cpp": _with(chunk_gated_delta_rule_prefill_cpp, bf16_operands=False),
+    "torch-bf16-gemm": _with(chunk_gated_delta_rule_prefill, matmul_dtype=torch.bfloat16),
+    "torch": chunk_gated_delta_rule_prefill,
+}

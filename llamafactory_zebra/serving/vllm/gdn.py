@@ -11,10 +11,10 @@ value head (Zebra: 256 vs 512), rejects head 256 and runs bf16 only; its GPU pat
 runs this project's slot-indexed ops on the requests' state slots: the gates (``ops.gdn_gates``, the
 training layer's formula), the conv (``ops.causal_conv1d_in_slots`` / ``causal_conv1d_update_in_slots``)
 and the recurrence (``ops.chunk_gated_delta_rule_in_slots`` for prompt chunks,
-``ops.fused_recurrent_gated_delta_rule_in_slots`` for decode tokens). Each op picks fla on a GPU or
-PyTorch on a CPU itself; this module only reads vLLM's metadata and slot layout. The one choice made
-here is vLLM's own C++ causal conv where it runs (:func:`uses_vllm_cpu_conv`), a vLLM kernel that
-``ops/`` cannot import. Each request is its own segment (``cu_seqlens`` from the metadata), so batched
+``ops.fused_recurrent_gated_delta_rule_in_slots`` for decode tokens). Each op asks the kernel registry
+(``kernels/registry.py``) at each call: fla on a GPU, the package's C++ kernels or PyTorch on a CPU; this
+module only reads vLLM's metadata and slot layout. The registry also decides, once per layer, whether the
+conv runs vLLM's own C++ causal conv (:func:`conv_in_slots_kernel`), a vLLM kernel ``ops/`` cannot import. Each request is its own segment (``cu_seqlens`` from the metadata), so batched
 requests never share a window or a state.
 
 Zebra keeps separate ``q_conv1d``/``k_conv1d``/``v_conv1d`` weights; being depthwise, they are one
@@ -43,11 +43,12 @@ from vllm.platforms import current_platform
 from vllm.utils.torch_utils import direct_register_custom_op
 
 from ...configuration_zebra import ZebraConfig
+from ...kernels import CONV_IN_SLOTS, GDN_DECODE_STEP, Call, KernelLoadError, select
+from ...kernels.registry import CPP
 from ...ops import (
     causal_conv1d_in_slots,
     causal_conv1d_update_in_slots,
     chunk_gated_delta_rule_in_slots,
-    cpu_has_bf16_dot_products,
     cpu_kernels,
     fused_recurrent_gated_delta_rule_in_slots,
     gated_rms_norm,
@@ -107,9 +108,16 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         self.value_dim = self.num_heads * self.head_v_dim
         self.conv_kernel_size = config.gdn_conv_size
         self.activation = "silu"
-        self.vllm_cpu_conv = uses_vllm_cpu_conv(vllm_config.model_config.dtype, self.conv_kernel_size)
-        if current_platform.is_cpu():
-            cpu_kernels()  # build (or load the cached build of) the C++ CPU kernels at load, not mid-request
+        dtype = vllm_config.model_config.dtype
+        self.conv_kernel = conv_in_slots_kernel(dtype, self.conv_kernel_size)
+        step_call = Call.on(
+            current_platform.device_type, dtype, state_dtype=self.state_dtypes[1], state_rows_contiguous=True
+        )
+        if select(GDN_DECODE_STEP, step_call).kernel.family == CPP:
+            try:
+                cpu_kernels()  # build (or load the cached build of) the C++ CPU kernels at load, not mid-request
+            except KernelLoadError:
+                pass  # warned once; each op passes its C++ entry over on its first call
 
         self.qkvg_proj = MergedColumnParallelLinear(
             self.hidden_size, [self.key_dim, self.key_dim, self.value_dim, self.value_dim], bias=False,
@@ -204,7 +212,7 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
     def _decode(self, mixed, g, beta, slots, out) -> None:
         """One token per request: the conv windows and the SSM states advance in their slots."""
         conv_cache, ssm_cache = self._state_slots()
-        if self.vllm_cpu_conv:
+        if self.conv_kernel == "vllm-cpp":
             conv_out = vllm_ops.causal_conv1d_update_cpu(
                 x=mixed, conv_states=conv_cache, weight=self.conv1d.weight, bias=None, silu_activation=True,
                 conv_state_indices=slots.to(torch.int32), is_weight_packed=False,
@@ -221,7 +229,7 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         """Whole prompt chunks, one ``cu_seqlens`` segment per request, from each slot's state (zeros for a
         request's first chunk); final states go back to the slots."""
         conv_cache, ssm_cache = self._state_slots()
-        if self.vllm_cpu_conv:
+        if self.conv_kernel == "vllm-cpp":
             conv_out = vllm_ops.causal_conv1d_fwd_cpu(
                 x=mixed.transpose(0, 1), weight=self.conv1d.weight, bias=None, conv_states=conv_cache,
                 query_start_loc=starts.to(torch.int32), cache_indices=slots.to(torch.int32),
@@ -247,20 +255,17 @@ class ZebraRMSNormGated(RMSNormGated):
         return gated_rms_norm(x, z, self.weight, self.eps)
 
 
-def uses_vllm_cpu_conv(dtype: torch.dtype, width: int) -> bool:
-    """Whether vLLM's C++ causal conv (``vllm._custom_ops.causal_conv1d_*_cpu``; its speed against this
-    project's PyTorch conv: ``benchmarks/bench_vllm_gdn_cpu.py``, ``docs/benchmarks.md``) can run the
-    layer's conv: vLLM's CPU platform on a CPU with bf16 dot products, bf16 activations, a 4-wide window and
-    vLLM's default conv-state layout (``[slots, W - 1, C]`` storage, which the kernel reads through a
-    ``[slots, C, W - 1]`` view). Anything else (e.g. the fp32 parity runs, a GPU) takes the project's conv
-    op, which dispatches to fla on a GPU."""
-    return (
-        current_platform.is_cpu()
-        and dtype == torch.bfloat16
-        and width == 4
-        and not is_conv_state_dim_first()
-        and cpu_has_bf16_dot_products()
-    )
+def conv_in_slots_kernel(dtype: torch.dtype, width: int) -> str:
+    """The registry's choice of the layer's conv (``conv in slots``): ``vllm-cpp``, vLLM's C++ causal conv
+    (``vllm._custom_ops.causal_conv1d_*_cpu``; its speed against this project's PyTorch conv:
+    ``benchmarks/bench_vllm_gdn_cpu.py``), which takes bf16 activations, a 4-wide window and vLLM's default
+    conv-state layout on its CPU platform on a CPU with bf16 dot products; else ``conv-op``, this project's conv
+    op, which dispatches to fla on a GPU. Fixed per layer, so it is asked once, when the layer is built."""
+    call = Call.on(
+        current_platform.device_type, dtype, width=width, conv_state_dim_first=is_conv_state_dim_first(),
+        vllm_cpu_platform=current_platform.is_cpu(),
+    )  # fmt: skip
+    return select(CONV_IN_SLOTS, call).kernel.key
 
 
 def zebra_gdn_core(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:
