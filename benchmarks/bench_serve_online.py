@@ -162,6 +162,8 @@ def serve_and_bench(name: str, model_dir: Path, lengths: list[int], compiled: bo
     command += ["--served-model-name", name]
     if not compiled:
         command.append("--enforce-eager")
+    if name == "zebra" and args.mamba_ssm_cache_dtype != "auto":
+        command += ["--mamba-ssm-cache-dtype", args.mamba_ssm_cache_dtype]
     log_path = work / f"{name}-{mode}-server.log"
     print(f"[{name} {mode}] {' '.join(command)}", flush=True)
     with log_path.open("w") as log:
@@ -244,6 +246,10 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     parser.add_argument("--models", nargs="+", choices=["zebra", "qwen3"], default=["zebra", "qwen3"])
     parser.add_argument("--capacity-len", type=int, default=32768, help="0 skips the capacity row")
+    parser.add_argument(
+        "--mamba-ssm-cache-dtype", choices=["auto", "float32", "bfloat16"], default="auto",
+        help="the Zebra's GDN state dtype (vLLM's option; auto: the plugin's fp32)",
+    )  # fmt: skip
     parser.add_argument("--start-timeout", type=float, default=900, help="seconds to wait for /health")
     parser.add_argument("--client-timeout", type=float, default=3600, help="seconds per vllm bench serve run")
     args = parser.parse_args()
@@ -272,7 +278,7 @@ def main() -> None:
     print(
         f"\nvllm bench serve, random dataset: {args.num_prompts} prompts at once, {args.output_len} tokens out "
         f"(ignore EOS), {args.repeats} runs per point (median, range); {args.dtype}; {os.cpu_count()} CPUs; "
-        "Zebra 1:3 MLA:GDN vs dense Qwen3 of the same parameter count"
+        f"Zebra 1:3 MLA:GDN (GDN state {args.mamba_ssm_cache_dtype}) vs dense Qwen3 of the same parameter count"
     )
     print(
         "| prompt tokens | mode | Zebra output tok/s | Qwen3 output tok/s | Zebra/Qwen3 | FLOP ratio | efficiency "

@@ -3,7 +3,11 @@
 The subprocess test is the failure itself, made deterministic: the main thread returns while the
 engine's generation thread is still inside torch. As a daemon that thread is ended mid-call at
 shutdown and the process aborts (exit 134, ``terminate called without an active exception``); joined,
-the process exits 0 after the last token.
+the process exits 0 after the last token. A daemon that happens to be in Python code when the
+interpreter finalises exits quietly instead, and one still inside torch when the process ends is
+killed with it (both exit 0): so the script's first forward hook tells the main thread to return and
+keeps the generation thread in short torch calls for seconds, one of which returns while the
+interpreter finalises.
 """
 
 import importlib
@@ -20,7 +24,7 @@ from llamafactory_zebra.integration import seams
 # interpreter exits at once.
 EXIT_DURING_GENERATION = textwrap.dedent(
     """
-    import sys, torch
+    import sys, threading, torch
     from llamafactory.chat import hf_engine
     from llamafactory_zebra import seam
     from llamafactory_zebra.integration import seams
@@ -32,9 +36,20 @@ EXIT_DURING_GENERATION = textwrap.dedent(
     if sys.argv[1] == "stock" and seam.is_wrapped(hf_engine, "Thread"):
         seam.unwrap(hf_engine, "Thread")
     model = AutoModelForCausalLM.from_pretrained(sys.argv[2]).eval()
+    inside_torch = threading.Event()
+
+    def hold_inside_torch(module, args, output):
+        handle.remove()
+        inside_torch.set()
+        square = torch.eye(600)
+        for _ in range(300):  # a few seconds of short torch calls, the GIL released in each
+            square = square @ square
+
+    handle = model.register_forward_hook(hold_inside_torch)
     prompt = torch.tensor([[1, 2, 3]])
     kwargs = dict(inputs=prompt, max_new_tokens=400, min_new_tokens=400, do_sample=False)
     hf_engine.Thread(target=model.generate, kwargs=kwargs, daemon=True).start()
+    inside_torch.wait()
     print("main thread returns", flush=True)
     """
 )
