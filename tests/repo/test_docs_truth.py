@@ -1,10 +1,11 @@
-"""The README and docs/*.md say only what the tree holds.
+"""The README, docs/*.md and the package's own docstrings and comments say only what the tree holds.
 
-Three checks, cheap like the seam-table test: the README's layout block names every subpackage and
+Cheap checks, like the seam-table test: the README's layout block names every subpackage and
 top-level module of ``llamafactory_zebra/``, every repository path the docs quote exists, and every name
 of this package the docs quote in backticks exists (``ZebraMLA.expand``, ``released.checkpoint_layout(path)``,
-``packed_attention_kernel(...)``). Each failure lists exactly what is missing, so a moved, renamed or new
-module or function is a one-line docs fix.
+``packed_attention_kernel(...)``); the package's docstrings and comments are held to the same paths and to
+the dotted names they quote (``kernels.packed_attention_kernel``). Each failure lists exactly what is
+missing, so a moved, renamed or new module or function is a one-line docs fix.
 """
 
 import ast
@@ -27,6 +28,7 @@ QUOTED_PATH = re.compile(
 # Paths the docs quote from another repository, with where they live.
 OTHER_REPOSITORIES = {
     "examples/deepspeed/ds_z*_config.json": "LLaMA-Factory's own DeepSpeed presets (docs/deepspeed.md)",
+    "tools/hybrid/patch_fla_triton_autotune_hang.sh": "AMD-AGI/Primus's fla patch (kernels/known_issues.py)",
 }
 
 
@@ -79,7 +81,21 @@ CODE_SPAN = re.compile(r"`([^`\n]+)`")
 CALLED = re.compile(r"^([A-Za-z_][\w.]*)\(.*\)$")
 DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
 # A dotted name ending in one of these is a file name (the path check covers files).
-FILE_SUFFIXES = {"py", "json", "jsonl", "yaml", "yml", "sh", "png", "md", "toml", "env", "parquet", "safetensors"}
+FILE_SUFFIXES = {
+    "py",
+    "pth",
+    "json",
+    "jsonl",
+    "yaml",
+    "yml",
+    "sh",
+    "png",
+    "md",
+    "toml",
+    "env",
+    "parquet",
+    "safetensors",
+}
 # Names the docs quote that are another project's although they look like this package's: bare calls of
 # upstream or builtin functions, and dotted names that start like one of this package's modules.
 OTHER_NAMES = {
@@ -100,8 +116,16 @@ OTHER_NAMES = {
     "data.converter": "LLaMA-Factory's data/converter.py",
     "data.loader": "LLaMA-Factory's data/loader.py",
     "data.parser": "LLaMA-Factory's data/parser.py",
+    "data.template": "LLaMA-Factory's data/template.py",
     "hparams.parser.get_train_args": "LLaMA-Factory's hparams/parser.py",
 }
+
+
+def _other_project(name: str) -> bool:
+    """Whether ``OTHER_NAMES`` lists the name or a module path it starts with (``data.loader._load_single_dataset``)."""
+    return any(name == other or name.startswith(f"{other}.") for other in OTHER_NAMES)
+
+
 # Superseded runs name the code they ran, which later changed: their names are not checked.
 HISTORY = "docs/benchmarks-history.md"
 
@@ -176,12 +200,13 @@ def _exists(name: str) -> bool:
     return True
 
 
-def missing_names(documents: dict[str, str]) -> list[str]:
+def missing_names(documents: dict[str, str], bare_calls: bool = True) -> list[str]:
     """``file:line: name`` for each name of this package quoted in backticks that the package lacks.
 
     A name is this package's when it is a call ``name(...)`` (unless ``OTHER_NAMES`` lists it), a dotted
     name that starts at one of its classes, its top-level modules or subpackages, or ``llamafactory_zebra``,
-    or a ``Zebra…`` identifier.
+    or a ``Zebra…`` identifier. ``bare_calls=False`` leaves out ``name(...)`` (source code quotes its own
+    locals and upstream calls that way).
     """
     classes, _, _ = _package_tree()
     defined, parts = _defined_anywhere(), _top_level_parts() | {"llamafactory_zebra"}
@@ -194,14 +219,14 @@ def missing_names(documents: dict[str, str]) -> list[str]:
                 code = span.group(1).strip()
                 called = CALLED.match(code)
                 name = called.group(1) if called else code
-                if name in OTHER_NAMES or name.rsplit(".", 1)[-1] in FILE_SUFFIXES:
+                if _other_project(name) or name.rsplit(".", 1)[-1] in FILE_SUFFIXES:
                     continue
                 if DOTTED.match(name):
                     head = name.split(".")[0]
                     ours = head in parts or head in classes
                     if ours and not _exists(name):
                         missing.append(f"{document}:{number}: {name}")
-                elif re.fullmatch(r"[A-Za-z_]\w*", name) and (called or name.startswith("Zebra")):
+                elif re.fullmatch(r"[A-Za-z_]\w*", name) and ((called and bare_calls) or name.startswith("Zebra")):
                     if name not in defined:
                         missing.append(f"{document}:{number}: {name}")
     return missing
@@ -232,6 +257,10 @@ def _documents() -> dict[str, str]:
     return {str(f.relative_to(REPO)): f.read_text(encoding="utf-8") for f in files}
 
 
+def _package_sources() -> dict[str, str]:
+    return {str(f.relative_to(REPO)): f.read_text(encoding="utf-8") for f in sorted(PACKAGE.rglob("*.py"))}
+
+
 def test_readme_layout_names_every_subpackage_and_top_level_module_and_nothing_else():
     layout = layout_block((REPO / "README.md").read_text(encoding="utf-8"))
     missing = missing_from_layout(layout, package_parts(PACKAGE))
@@ -253,6 +282,15 @@ def test_every_quoted_name_of_the_package_exists():
     )
 
 
+def test_every_path_and_dotted_name_the_package_quotes_exists():
+    """The package's docstrings and comments point at files and at each other's functions; both move."""
+    sources = _package_sources()
+    missing = missing_paths(sources, REPO) + missing_names(sources, bare_calls=False)
+    assert not missing, "paths and names quoted in the package's docstrings or comments that do not exist:\n" + (
+        "\n".join(missing)
+    )
+
+
 def test_a_renamed_function_method_or_module_is_reported():
     """The name check on edited lines: a renamed method, module-level function, bare call and module."""
     good = "`ZebraMLA.expand`, `released.checkpoint_layout(path)`, `packed_attention_kernel(name, device)`"
@@ -265,6 +303,9 @@ def test_a_renamed_function_method_or_module_is_reported():
     for old, new in renamed.items():
         assert missing_names({"a.md": good.replace(old, new)}) == [f"a.md:1: {new}"]
     assert missing_names({"a.md": "`ops.no_such_module.function`"}) == ["a.md:1: ops.no_such_module.function"]
+    # In source code only dotted names count (``local(...)`` calls are the code's own business).
+    source = "``no_such_call(x)``, ``kernels.no_such_function``, ``data.loader._load_single_dataset``"
+    assert missing_names({"a.py": source}, bare_calls=False) == ["a.py:1: kernels.no_such_function"]
     # Another project's names and instance attributes are not this package's.
     assert missing_names({"a.md": "`model.generate(...)`, `torch.compile`, `data.loader`, `ZebraMLA.q_proj`"}) == []
 
