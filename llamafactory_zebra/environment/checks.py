@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..attention_policy import LLAMAFACTORY_FA2, attn_implementation_for
+from ..configuration_zebra import ZebraConfig
 from ..kernels import NOTE, STOP, Resolution, detect_stack, fla_missing_message, resolve, this_machine
 from ..kernels.stack import gpu_inventory, numa_balancing, vendor_gpus_present
 from .rocm_settings import rocm_env_file, rocm_settings
@@ -336,16 +337,16 @@ def check_versions(m: Machine) -> Check:
     return Check("version pins", OK, ", ".join(f"{k} {v}" for k, v in versions.items()))
 
 
-PLUGIN_PROBE = """
+PLUGIN_PROBE = f"""
 import json, sys
 import llamafactory.model.loader
 import transformers
 active = "llamafactory_zebra.integration.activation" in sys.modules
 try:
-    zebra = transformers.AutoConfig.for_model("zebra").model_type == "zebra"
+    zebra = transformers.AutoConfig.for_model({ZebraConfig.model_type!r}).model_type == {ZebraConfig.model_type!r}
 except Exception as error:
     zebra = repr(error)
-print("PROBE" + json.dumps({"active": active, "zebra_config": zebra}))
+print("PROBE" + json.dumps({{"active": active, "zebra_config": zebra}}))
 """
 
 
@@ -375,7 +376,8 @@ def check_plugin(m: Machine) -> Check:
     return Check(
         "plugin active",
         FAIL,
-        f"fresh interpreter: activation imported={probe['active']}, AutoConfig 'zebra'={probe['zebra_config']}",
+        f"fresh interpreter: activation imported={probe['active']}, "
+        f"AutoConfig {ZebraConfig.model_type!r}={probe['zebra_config']}",
         "pip install -e . (the .pth start-up hook activates the plugin)",
     )
 
