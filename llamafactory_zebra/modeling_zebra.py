@@ -277,8 +277,9 @@ class ZebraPreTrainedModel(PreTrainedModel):
     # the released models) keep their precision: fp32 when a model loads in fp16, and never quantised
     # (transformers' quantizers leave this list unconverted). Their errors pass through exp/softplus/sigmoid
     # into every step of the recurrence, and they hold 0.02% of the parameters. Patterns are name suffixes
-    # ("gdn." keeps MLA's ``q_a_proj`` out of it). Which other linears a 4-bit load must keep, for the
-    # shapes bitsandbytes' kernel cannot take, is ``quantization.py``'s rule (added per instance).
+    # ("gdn." keeps MLA's ``q_a_proj`` out of it). This is the one rule that keeps them out of 4-bit too;
+    # which other linears a 4-bit load must keep, for the shapes bitsandbytes' kernel cannot take, is
+    # ``quantization.py``'s rule (added per instance).
     _keep_in_fp32_modules = ["gdn.a_proj", "gdn.b_proj"]
 
     @classmethod
