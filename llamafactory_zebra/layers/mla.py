@@ -33,7 +33,7 @@ chosen in one place (:func:`mla_attention_function`):
 
 - no earlier tokens in a cache (training, a prompt's first chunk): the stock path,
   :func:`expanded_attention` — ``kv_b_proj`` expands the latents to keys and values, which go to the
-  kernel ``ZebraMLA.attention_function`` picks: :func:`eager_attention_forward` (this file, the plain
+  kernel :func:`expanded_attention_kernel` picks: :func:`eager_attention_forward` (this file, the plain
   reference), transformers' registered function for ``sdpa`` or any other registered name, FlashAttention
   through ``flash_attention.py`` (transformers' FA core without a transformers 5.6.0 bug), and for packed
   rows the kernel registry's ``attention`` op (``kernels.packed_attention_kernel``): FlashAttention's
@@ -172,7 +172,7 @@ per_segment_sdpa_attention = _on_the_borders(_per_segment)
 
 
 # The registry's ``attention`` keys → the function a packed row's attention calls (the dense mask: the
-# model's own attention function, ``ZebraMLA.attention_function``).
+# model's own attention function, :func:`expanded_attention_kernel`).
 PACKED_ATTENTION_FUNCTIONS: dict[str, Callable | None] = {
     PACKED_FLASH_VARLEN: flash_attention_forward,
     PACKED_FLEX: flex_sdpa_attention,
@@ -331,22 +331,6 @@ class ZebraMLA(nn.Module):
         )
         return self.out_proj(output.reshape(batch, length, -1))
 
-    def attention_function(self, packed: bool, query: torch.Tensor) -> Callable:
-        """The kernel that attends over expanded keys and values for this call: for packed rows the kernel
-        registry's choice (``kernels.packed_attention_kernel``: FlashAttention varlen, flex or per-sample sdpa
-        on the samples' borders, or the dense mask with the model's own function), else FlashAttention or
-        transformers' registered function."""
-        implementation = self.config._attn_implementation
-        if packed:
-            function = PACKED_ATTENTION_FUNCTIONS[packed_attention_kernel(implementation, query.device.type)]
-            if function is not None:
-                return function
-        if implementation in FLASH_ATTENTION_BACKENDS:
-            return flash_attention_forward
-        if implementation in (None, EAGER):
-            return eager_attention_forward
-        return ALL_ATTENTION_FUNCTIONS[implementation]
-
 
 # The forward keyword that picks how a call with earlier tokens in the cache attends: LATENT (the default:
 # ``mla_decode.py``'s functions) or EXPAND (the stock path, every cached latent expanded to all key/value
@@ -376,6 +360,23 @@ def expanded_attention(
     return output
 
 
+def expanded_attention_kernel(module: ZebraMLA, packed: bool, query: torch.Tensor) -> Callable:
+    """The kernel that attends over expanded keys and values for this call: for packed rows the kernel
+    registry's choice (``kernels.packed_attention_kernel``: FlashAttention varlen, flex or per-sample sdpa
+    on the samples' borders, or the dense mask with the model's own function), else FlashAttention or
+    transformers' registered function for the model's ``attn_implementation``."""
+    implementation = module.config._attn_implementation
+    if packed:
+        function = PACKED_ATTENTION_FUNCTIONS[packed_attention_kernel(implementation, query.device.type)]
+        if function is not None:
+            return function
+    if implementation in FLASH_ATTENTION_BACKENDS:
+        return flash_attention_forward
+    if implementation in (None, EAGER):
+        return eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[implementation]
+
+
 def mla_attention_function(
     module: ZebraMLA,
     query: torch.Tensor,
@@ -387,14 +388,14 @@ def mla_attention_function(
     """The attention function of one call, chosen here only (see the module docstring): with earlier tokens
     in the cache (``cached``) the absorbed decode for a few queries, else one key head at a time (but on
     FlashAttention); otherwise, and for ``cache_path=EXPAND``, :func:`expanded_attention` on the kernel
-    ``module.attention_function`` picks (wrapped for Ulysses under sequence parallelism). Every function
+    :func:`expanded_attention_kernel` picks (wrapped for Ulysses under sequence parallelism). Every function
     returned takes ``(module, query, latent, rope_entry, attention_mask, **kwargs)``."""
     if cache_path not in CACHE_PATHS:
         raise ValueError(f"{CACHE_PATH_KEYWORD}={cache_path!r}: use one of {', '.join(CACHE_PATHS)}")
     latent_cache = cached and cache_path == LATENT
     if latent_cache and query.shape[2] <= mla_decode.ABSORBED_DECODE_MAX_QUERIES:
         return mla_decode.absorbed_attention
-    kernel = module.attention_function(packed, query)
+    kernel = expanded_attention_kernel(module, packed, query)
     if latent_cache and kernel is not flash_attention_forward:
         return functools.partial(mla_decode.attention_by_key_head, kernel=kernel)
     if sp_context is not None:
