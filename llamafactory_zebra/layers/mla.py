@@ -267,17 +267,6 @@ class ZebraMLA(nn.Module):
         kv = kv.unflatten(-1, (self.num_key_value_heads, self.qk_nope_head_dim + self.v_head_dim)).transpose(1, 2)
         return kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
 
-    def up_projection(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The matrix ``kv_b_proj`` applies, split into its key ``[kv_heads, nope, r]`` and value ``[kv_heads, v, r]`` halves.
-
-        Read by calling the module on the identity rather than from ``.weight``: a PEFT LoRA wrapper adds its
-        delta only in ``forward`` (``.weight`` is the frozen base), and ZeRO-3 gathers a partitioned weight
-        only around its module's ``forward``. ``kv_b_proj`` has no bias, so this is exactly the matrix.
-        """
-        identity = torch.eye(self.kv_lora_rank, dtype=dtype, device=self.kv_b_proj.weight.device)
-        key, value = self.split_heads(self.kv_b_proj(identity)[None])
-        return key[0].transpose(1, 2), value[0].transpose(1, 2)
-
     def expand(self, kv: torch.Tensor, rope_entry: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``kv_b_proj`` of the cached latents ``[B, S, ·]`` and the rope entries ``[B, 1, S, ·]`` → keys and values ``[B, kv_heads, S, ·]``."""
         key_nope, value = self.split_heads(kv)

@@ -16,8 +16,9 @@ latents as they are:
 
 Both are attention functions as transformers writes them (the module first, the query, what the keys come
 from, the mask), returning ``[B, q, heads, v]`` or ``[B, q, heads · v]``; ``mla.mla_attention_function``
-chooses among them and the stock path. :func:`decode_visibility` turns the masks the model hands its
-attention functions into the booleans the absorbed path applies.
+chooses among them and the stock path. Both read ``kv_b_proj``'s matrix through :func:`up_projection` (so
+a LoRA adapter and ZeRO-3 apply); :func:`decode_visibility` turns the masks the model hands its attention
+functions into the booleans the absorbed path applies.
 """
 
 from __future__ import annotations
@@ -36,6 +37,19 @@ ABSORBED_DECODE_MAX_QUERIES = 16
 # Scores (or mask elements) one attention call of ``attention_by_key_head`` may hold: 2**26 fp32 values are
 # 256 MiB, 1024 queries against 64K cached tokens.
 CACHED_CHUNK_SCORE_ELEMENTS = 2**26
+
+
+def up_projection(module: nn.Module, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The matrix ``module.kv_b_proj`` applies, split into its key ``[kv_heads, nope, r]`` and value
+    ``[kv_heads, v, r]`` halves.
+
+    Read by calling the module on the identity rather than from ``.weight``: a PEFT LoRA wrapper adds its
+    delta only in ``forward`` (``.weight`` is the frozen base), and ZeRO-3 gathers a partitioned weight
+    only around its module's ``forward``. ``kv_b_proj`` has no bias, so this is exactly the matrix.
+    """
+    identity = torch.eye(module.kv_lora_rank, dtype=dtype, device=module.kv_b_proj.weight.device)
+    key, value = module.split_heads(module.kv_b_proj(identity)[None])
+    return key[0].transpose(1, 2), value[0].transpose(1, 2)
 
 
 def absorbed_attention(
@@ -62,7 +76,7 @@ def absorbed_attention(
         query_nope = query_nope * module.k_norm.weight[:nope]
     query_nope = query_nope.reshape(batch, kv_heads, groups, queries, -1)
     query_rope = query_rope.reshape(batch, kv_heads, groups, queries, -1)
-    key_up, value_up = module.up_projection(latent.dtype)
+    key_up, value_up = up_projection(module, latent.dtype)
     query_latent = torch.einsum("bkgqn,knr->bkgqr", query_nope, key_up)
     scores = torch.einsum("bkgqr,bsr->bkgqs", query_latent, latent)
     scores = scores + torch.einsum("bkgqd,bsd->bkgqs", query_rope, rope_key)
@@ -102,7 +116,7 @@ def attention_by_key_head(
     ``repeat_kv`` pairs them.
     """
     groups, nope, rope_dim = module.num_key_value_groups, module.qk_nope_head_dim, module.qk_rope_head_dim
-    key_up, value_up = module.up_projection(latent.dtype)
+    key_up, value_up = up_projection(module, latent.dtype)
     latent, rope_entry = latent.squeeze(1), rope_entry.squeeze(1)
     rope_key = rope_entry[..., :rope_dim]
     queries = query.shape[2]
