@@ -9,7 +9,7 @@ width and depth, 16/8 heads of 128 dims, full attention in every layer.
 Each point runs in a fresh interpreter (``subprocess_points``) so its ``ru_maxrss`` rise is its own:
 
 - ``stock``: one-shot prefill, then decode through the expanding MLA path (every step re-expands
-  every cached latent through ``kv_b_proj``);
+  every cached latent through ``kv_b_proj``: the forward keyword ``mla_cache_path="expand"``);
 - ``chunked+absorbed``: prefill ``--chunk`` tokens per forward through the hybrid cache, then the
   absorbed decode (``kv_b_proj`` folded into queries and output);
 - ``qwen3``: one-shot prefill and decode with transformers' ``DynamicCache``.
@@ -79,13 +79,12 @@ def run_point(variant: str, length: int, chunk: int, new_tokens: int) -> dict:
 
     from llamafactory_zebra.evaluation.prefill import chunked_prefill
     from llamafactory_zebra.layers.gated_deltanet import ZebraGatedDeltaNet
-    from llamafactory_zebra.layers.mla import ZebraMLA
+    from llamafactory_zebra.layers.mla import CACHE_PATH_KEYWORD, EXPAND
 
     torch.manual_seed(0)
     model = qwen3_model() if variant == "qwen3" else zebra_model()
-    for module in model.modules():
-        if isinstance(module, ZebraMLA):
-            module.absorbed_decode = variant == "chunked+absorbed"
+    # The stock variant's decode steps expand every cached latent (the MLA layers' stock path).
+    decode_options = {CACHE_PATH_KEYWORD: EXPAND} if variant == "stock" else {}
     ids = torch.randint(0, VOCAB, (1, length))
     gdn_seconds = [0.0]
     for module in model.modules():
@@ -111,7 +110,7 @@ def run_point(variant: str, length: int, chunk: int, new_tokens: int) -> dict:
         start = time.perf_counter()
         for step in range(new_tokens):
             position = torch.tensor([[length + step]])
-            out = model(token, past_key_values=cache, position_ids=position, use_cache=True)
+            out = model(token, past_key_values=cache, position_ids=position, use_cache=True, **decode_options)
             cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
         decode_s = time.perf_counter() - start
     return {

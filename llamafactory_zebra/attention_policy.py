@@ -53,12 +53,24 @@ DISTILL_TEACHER_ATTENTION = (EAGER, SDPA, FLASH_ATTENTION_2, FLASH_ATTENTION_3)
 
 # As LLaMA-Factory's ``flash_attn``, with the ``attn_implementation`` it gives a Zebra model: ``auto``
 # keeps transformers' default (sdpa), and ``fa2`` falls back to sdpa when flash-attn is not installed.
-LLAMAFACTORY_FLASH_ATTN = {"auto": SDPA, "disabled": EAGER, "sdpa": SDPA, "fa2": FLASH_ATTENTION_2}
+LLAMAFACTORY_FA2 = "fa2"
+LLAMAFACTORY_FLASH_ATTN = {"auto": SDPA, "disabled": EAGER, "sdpa": SDPA, LLAMAFACTORY_FA2: FLASH_ATTENTION_2}
 # LLaMA-Factory values Zebra cannot run with, and why.
 REFUSED_FLASH_ATTN = {
     "fa3": 'LLaMA-Factory 0.9.5 raises "Unknown attention type" for it when it loads the model, after the dataset '
     "is tokenised; use flash_attn: fa2 on GPUs (FlashAttention-2's varlen path keeps packed samples apart) or sdpa",
 }
+
+
+def flash_attn_value(flash_attn: object) -> str:
+    """LLaMA-Factory's ``flash_attn`` as its string value: the parsed arguments hold its ``AttentionFunction``
+    enum, a YAML read by the plugin's tools a string.
+
+    >>> from enum import Enum
+    >>> flash_attn_value(Enum("AttentionFunction", {"FA2": "fa2"}).FA2), flash_attn_value("sdpa")
+    ('fa2', 'sdpa')
+    """
+    return str(getattr(flash_attn, "value", flash_attn))
 
 
 def attn_implementation_for(flash_attn: object) -> str:
@@ -71,7 +83,7 @@ def attn_implementation_for(flash_attn: object) -> str:
     ...
     ValueError: flash_attn: fa3 is not supported for Zebra: LLaMA-Factory 0.9.5 raises "Unknown attention type" ...
     """
-    value = str(getattr(flash_attn, "value", flash_attn))
+    value = flash_attn_value(flash_attn)
     if value in REFUSED_FLASH_ATTN:
         raise ValueError(f"flash_attn: {value} is not supported for Zebra: {REFUSED_FLASH_ATTN[value]}")
     if value not in LLAMAFACTORY_FLASH_ATTN:
@@ -86,7 +98,7 @@ def sequence_parallel_accepts_flash_attn(flash_attn: object) -> bool:
     >>> [sequence_parallel_accepts_flash_attn(v) for v in ("auto", "sdpa", "fa2", "fa3", "disabled")]
     [True, True, True, True, False]
     """
-    value = str(getattr(flash_attn, "value", flash_attn))
+    value = flash_attn_value(flash_attn)
     return value in REFUSED_FLASH_ATTN or LLAMAFACTORY_FLASH_ATTN.get(value) in SEQUENCE_PARALLEL_TRAINING_ATTENTION
 
 

@@ -241,4 +241,9 @@ class ZebraConfig(PreTrainedConfig):
         return cls(**preset_values(name, **overrides))
 
 
-__all__ = ["ZebraConfig", "MLA", "GDN", "LAYER_TYPES", "MLA_NORMS"]
+def is_zebra_config(config: Any) -> bool:
+    """Whether ``config`` (any transformers config, or ``None``) describes a Zebra model: its ``model_type``."""
+    return getattr(config, "model_type", None) == ZebraConfig.model_type
+
+
+__all__ = ["ZebraConfig", "MLA", "GDN", "LAYER_TYPES", "MLA_NORMS", "is_zebra_config"]

@@ -274,13 +274,12 @@ class ZebraPreTrainedModel(PreTrainedModel):
     # embeddings + every layer's output, the last one replaced by the output of the final norm.
     _can_record_outputs = {"hidden_states": ZebraDecoderLayer}
     # GDN's per-head gate projections (``a_proj`` -> decay, ``b_proj`` -> beta: one output per GDN head, 6 in
-    # the released models) stay out of quantisers and in fp32 when a model loads in fp16. transformers'
-    # bitsandbytes quantizers add this list to their modules not to convert. Why: bitsandbytes' 4-bit CPU
-    # inference kernel packs 32 output rows at a time and fails on them ("N must be divisible by block_n"),
-    # their errors pass through exp/softplus/sigmoid into every step of the recurrence, and they hold
-    # 0.02% of the parameters. Patterns are name suffixes ("gdn." keeps MLA's ``q_a_proj`` out of it).
-    # Everything else bitsandbytes would leave alone anyway: it replaces ``nn.Linear`` only (not the
-    # convolutions, norms or ``A_log``/``dt_bias``), and transformers keeps ``lm_head`` unquantised.
+    # the released models) keep their precision: fp32 when a model loads in fp16, and never quantised
+    # (transformers' quantizers leave this list unconverted). Their errors pass through exp/softplus/sigmoid
+    # into every step of the recurrence, and they hold 0.02% of the parameters. Patterns are name suffixes
+    # ("gdn." keeps MLA's ``q_a_proj`` out of it). This is the one rule that keeps them out of 4-bit too;
+    # which other linears a 4-bit load must keep, for the shapes bitsandbytes' kernel cannot take, is
+    # ``quantization.py``'s rule (added per instance).
     _keep_in_fp32_modules = ["gdn.a_proj", "gdn.b_proj"]
 
     @classmethod

@@ -3,12 +3,14 @@
 bitsandbytes' 4-bit CPU inference path repacks each quantised weight ``[out, in]`` into 32-row panels
 and reshapes its scales per 64-element block of a row, so it asserts ``out % 32 == 0`` ("N must be
 divisible by block_n") and fails on ``in % 64 != 0`` at the first generate, long after the load
-succeeded. The ``tiny`` preset (48-wide MLA ranks, the quickstart's model) and GDN's per-head gate
-projections do not fit. Such layers are few and small, so a 4-bit Zebra keeps them unquantised and
-says which when it loads: ``ZebraForCausalLM.__init__`` calls :func:`keep_unfit_linears_out_of_4bit` when
-the config asks for bitsandbytes 4-bit (transformers sets ``config.quantization_config`` before it builds
-the model), which adds them to the instance's ``_keep_in_fp32_modules``: the list transformers'
-bitsandbytes quantizers leave alone (and keep in fp32 under an fp16 load).
+succeeded. The ``tiny`` preset (48-wide MLA ranks, the quickstart's model) does not fit. Such layers are
+few and small, so a 4-bit Zebra keeps them unquantised and says which when it loads:
+``ZebraForCausalLM.__init__`` calls :func:`keep_unfit_linears_out_of_4bit` when the config asks for
+bitsandbytes 4-bit (transformers sets ``config.quantization_config`` before it builds the model), which
+adds them to the instance's ``_keep_in_fp32_modules``: the list transformers' bitsandbytes quantizers
+leave alone (and keep in fp32 under an fp16 load). GDN's per-head gate projections would not fit either,
+but the class's own ``_keep_in_fp32_modules`` keeps them out of every quantiser already, for their
+precision: that one rule keeps them, and this one adds and names only the others.
 """
 
 from __future__ import annotations
@@ -51,9 +53,15 @@ def bnb_4bit_unfit_linears(model: nn.Module) -> list[str]:
 
 
 def keep_unfit_linears_out_of_4bit(model: nn.Module) -> list[str]:
-    """Add :func:`bnb_4bit_unfit_linears` (but ``lm_head``, which transformers never quantises) to
-    ``model._keep_in_fp32_modules`` and log them; returns their names."""
-    unfit = [name for name in bnb_4bit_unfit_linears(model) if name != "lm_head"]
+    """Add :func:`bnb_4bit_unfit_linears` to ``model._keep_in_fp32_modules`` and log them, but for ``lm_head``
+    (transformers never quantises it) and the modules the class keeps already (its patterns are name
+    suffixes: the GDN gates); returns the names added."""
+    kept = tuple(type(model)._keep_in_fp32_modules or ())
+    unfit = [
+        name
+        for name in bnb_4bit_unfit_linears(model)
+        if name != "lm_head" and not any(name.endswith(pattern) for pattern in kept)
+    ]
     if unfit:
         model._keep_in_fp32_modules = set(model._keep_in_fp32_modules or ()) | set(unfit)
         logger.warning(

@@ -5,7 +5,7 @@ Every upstream name the plugin replaces, or relies on by signature or by source,
 one of the per-side tables — LLaMA-Factory and the libraries it drives (``integration/seams.py``), vLLM
 and the vLLM API surface the serving layer reads (``serving/vllm/seams.py``), fla for the ROCm
 workaround (``kernels/fla_seams.py``); transformers' registries are their own table
-(``integration/seams.py``'s ``TRANSFORMERS_REGISTRATIONS``). A record says what was relied on when the
+(``integration/registrations.py``'s ``TRANSFORMERS_REGISTRATIONS``). A record says what was relied on when the
 change was written: the leading ``parameters`` in order (positional calls), the ``keywords`` in any
 order (keyword calls), the ``fields`` its objects are read by (a dataclass's fields), the SHA-256 of the
 upstream source (a wrapper whose correctness depends on the body it wraps). :func:`drift` checks the
@@ -185,7 +185,7 @@ def wrapped(seam: Seam, module: ModuleType, wrapper: Any, hint: str = "") -> Ite
 
 @contextlib.contextmanager
 def wrapped_method(seam: Seam, instance: Any, wrapper: Callable, hint: str = "") -> Iterator[None]:
-    """``instance.method`` (``seam.attribute`` is ``Class.method`` of a class ``instance`` is) is ``wrapper``
+    """``instance.method`` (the record's ``attribute`` is ``Class.method`` of a class ``instance`` is) is ``wrapper``
     for one ``with`` block: this object only, its class untouched (an instance attribute shadows the
     class's method and is deleted afterwards). ``wrapper`` is made with ``functools.wraps`` around the
     bound method, as :func:`wrap` requires."""

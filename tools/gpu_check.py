@@ -58,6 +58,7 @@ from llamafactory_zebra.kernels import (
     packed_attention_kernel,
     resolve,
 )
+from llamafactory_zebra.kernels.known_issues import BACKWARD, PASSES
 from llamafactory_zebra.kernels.stack import DISTRIBUTIONS
 from llamafactory_zebra.loss import fused_causal_lm_loss
 from llamafactory_zebra.packing import block_causal_mask, segment_ids_from_position_ids
@@ -224,9 +225,9 @@ def kernel_rows(stack: Stack) -> list[dict[str, str]]:
         detail = "; ".join(f"{c.part}: {c.kernel}" for c in resolution.choices)
         rows.append(row(f"kernels ({resolution.phase})", result, detail))
     applying = [
-        f"{issue.key} ({'training stops' if issue.phase == 'backward' else 'every run'}; {', '.join(issue.upstream[:1])})"
+        f"{issue.key} ({'training stops' if issue.in_pass == BACKWARD else 'every run'}; {', '.join(issue.upstream[:1])})"
         for issue in KNOWN_ISSUES
-        if issue.matches(stack, ("forward", "backward"))
+        if issue.matches(stack, PASSES)
     ]
     rows.append(
         row(

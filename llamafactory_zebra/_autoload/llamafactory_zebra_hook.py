@@ -50,6 +50,8 @@ WATCHED_MODULES = frozenset(
 
 # transformers' module whose import means the Auto classes may soon be asked for a model type.
 TRANSFORMERS_AUTO_CONFIG = "transformers.models.auto.configuration_auto"
+# ``ZebraConfig.model_type``, written out: this module runs in every process and must not import the package
+# (tests/integration/test_load_without_import.py fails if the two differ: the placeholder would not answer).
 ZEBRA_MODEL_TYPE = "zebra"
 
 

@@ -48,8 +48,8 @@ def init_gdn_from_attention(
 
     Built on the meta device and materialised empty, so every parameter is drawn at most once (torch's own
     constructor init would draw it a second time), and only the rows or columns the base does not cover
-    are drawn at all (for Qwen3-1.7B that skips 60% of the layer's random numbers, a sixth of a whole
-    conversion's time); seeded per layer without touching the caller's RNG.
+    are drawn at all (what that saved a conversion: docs/benchmarks-history.md, "Converting a Qwen3
+    checkpoint"); seeded per layer without touching the caller's RNG.
     """
     module = meta_gdn_mixer(config, layer_idx)
     module.to_empty(device="cpu")

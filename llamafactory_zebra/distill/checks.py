@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..configuration_zebra import is_zebra_config
 from ..hparams import ZebraArguments
 
 # LLaMA-Factory options distillation cannot honour (it replaces the SFT loss and never generates).
@@ -92,7 +93,7 @@ def check_same_vocabulary(teacher_path: str, teacher: Any, model_args: Any, stud
 
 
 def check_ild_shapes(distill: ZebraArguments, teacher_path: str, teacher: Any, student: Any) -> None:
-    if getattr(student, "model_type", None) != "zebra":
+    if not is_zebra_config(student):
         raise ValueError("distill: ild trains the decoder layers of a Zebra student; the student is not a Zebra model")
     for name in ("hidden_size", "num_hidden_layers"):
         if getattr(teacher, name, None) != getattr(student, name):

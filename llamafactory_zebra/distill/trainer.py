@@ -28,6 +28,7 @@ import torch
 from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
 
 from ..attention_policy import FLASH_ATTENTION_BACKENDS, distill_teacher_attention
+from ..configuration_zebra import is_zebra_config
 from ..hparams import ZebraArguments, zebra_arguments
 from ..kernels import Call
 from ..loss import IGNORE_INDEX, shifted_targets
@@ -68,7 +69,7 @@ class DistillTrainer(CustomSeq2SeqTrainer):
         super().__init__(*args, **kwargs)
         self.distill: ZebraArguments = zebra_arguments(self.finetuning_args)
         student = _unwrapped(self.model)
-        if getattr(student.config, "model_type", None) != "zebra":
+        if not is_zebra_config(student.config):
             raise ValueError("distillation is implemented for Zebra students (the loss runs in their forward)")
         attention = distill_teacher_attention(getattr(student.config, "_attn_implementation", None))
         self.teacher_flash_attention = attention in FLASH_ATTENTION_BACKENDS

@@ -23,6 +23,8 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from ..attention_policy import LLAMAFACTORY_FA2, attn_implementation_for
+from ..configuration_zebra import ZebraConfig
 from ..kernels import NOTE, STOP, Resolution, detect_stack, fla_missing_message, resolve, this_machine
 from ..kernels.stack import gpu_inventory, numa_balancing, vendor_gpus_present
 from .rocm_settings import rocm_env_file, rocm_settings
@@ -196,7 +198,7 @@ def check_fla(m: Machine) -> Check:
 
 
 # The settings doctor resolves kernels for, having no YAML: the recipe's (flash_attn: fa2, enable_liger_kernel).
-DOCTOR_ATTENTION, DOCTOR_LIGER = "flash_attention_2", True
+DOCTOR_ATTENTION, DOCTOR_LIGER = attn_implementation_for(LLAMAFACTORY_FA2), True
 
 
 def kernel_resolution(training: bool, serving: bool = False) -> Resolution:
@@ -335,16 +337,16 @@ def check_versions(m: Machine) -> Check:
     return Check("version pins", OK, ", ".join(f"{k} {v}" for k, v in versions.items()))
 
 
-PLUGIN_PROBE = """
+PLUGIN_PROBE = f"""
 import json, sys
 import llamafactory.model.loader
 import transformers
 active = "llamafactory_zebra.integration.activation" in sys.modules
 try:
-    zebra = transformers.AutoConfig.for_model("zebra").model_type == "zebra"
+    zebra = transformers.AutoConfig.for_model({ZebraConfig.model_type!r}).model_type == {ZebraConfig.model_type!r}
 except Exception as error:
     zebra = repr(error)
-print("PROBE" + json.dumps({"active": active, "zebra_config": zebra}))
+print("PROBE" + json.dumps({{"active": active, "zebra_config": zebra}}))
 """
 
 
@@ -374,7 +376,8 @@ def check_plugin(m: Machine) -> Check:
     return Check(
         "plugin active",
         FAIL,
-        f"fresh interpreter: activation imported={probe['active']}, AutoConfig 'zebra'={probe['zebra_config']}",
+        f"fresh interpreter: activation imported={probe['active']}, "
+        f"AutoConfig {ZebraConfig.model_type!r}={probe['zebra_config']}",
         "pip install -e . (the .pth start-up hook activates the plugin)",
     )
 

@@ -74,7 +74,9 @@ class ZebraArguments:
     kd_reverse_kl: bool = field(
         default=False, metadata={"help": "kd: KL(student||teacher) instead of KL(teacher||student)."}
     )
-    ild_layers: str | None = field(
+    # Written as a string ("0,3,5", "all") or a YAML list; held as sorted indices (None: all) once parsed
+    # (``layer_indices``). HfArgumentParser reads the command line with the union's ``str``.
+    ild_layers: list[int] | str | None = field(
         default=None,
         metadata={
             "help": "ild: 'all' or comma-separated layer indices (a YAML list works too); a list after parsing."

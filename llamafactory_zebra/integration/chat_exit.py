@@ -21,8 +21,8 @@ import threading
 from types import ModuleType
 from typing import Any
 
+from ..configuration_zebra import is_zebra_config
 from ..seam import Seam, original
-from .loading import is_zebra_config
 
 
 def _generates_with_zebra(target: Any) -> bool:

@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..attention_policy import SDPA, attn_implementation_for
-from ..hparams import optimizer_steps_per_epoch, total_optimizer_steps, zebra_arguments
+from ..attention_policy import LLAMAFACTORY_FA2, SDPA, attn_implementation_for, flash_attn_value
+from ..configuration_zebra import is_zebra_config
+from ..hparams import data_parallel_size, optimizer_steps_per_epoch, total_optimizer_steps, zebra_arguments
 from ..kernels import packed_attention_kernel, this_machine
 from .config_conflicts import check_deepspeed_conflicts, deepspeed_warnings
 
@@ -57,7 +58,7 @@ def check_training_setup(
     steps as the HF Trainer will; without it only ``max_steps`` is used. ``is_rocm`` overrides the
     detection (a ROCm build of torch, ``kernels.this_machine``; for tests). ``arguments`` names the YAML in messages.
     """
-    if getattr(config, "model_type", None) != "zebra":
+    if not is_zebra_config(config):
         return []
     rocm = running_on_rocm() if is_rocm is None else is_rocm
     deepspeed = deepspeed_config(training_args)
@@ -113,10 +114,10 @@ def _accelerator_warnings(model_args: Any, training_args: Any, arguments: str) -
             f"{arguments} trains in fp32 on a GPU (no `bf16: true`): twice the activation memory and far slower "
             "matmuls than the bf16 recipe; add `bf16: true` unless fp32 is what you want."
         )
-    attention = str(getattr(model_args.flash_attn, "value", model_args.flash_attn))
+    attention = flash_attn_value(model_args.flash_attn)
     from transformers.utils import is_flash_attn_2_available
 
-    if attention == "fa2" and not is_flash_attn_2_available():
+    if attention == LLAMAFACTORY_FA2 and not is_flash_attn_2_available():
         kernel = packed_attention_kernel(SDPA, "cuda")
         warnings.append(
             f"flash_attn: fa2 in {arguments} but flash-attn is not installed: LLaMA-Factory falls back to SDPA, "
@@ -129,7 +130,8 @@ def _accelerator_warnings(model_args: Any, training_args: Any, arguments: str) -
 def training_steps(training_args: Any, num_train_examples: int | None, sequence_parallel: int = 1) -> int | None:
     """Optimizer steps the Trainer will run (``hparams/training_steps.py``), or ``None`` if unknowable.
 
-    Sequence-parallel ranks share a batch, so only ``world_size / sequence_parallel`` ranks read data.
+    Sequence-parallel ranks share a batch, so only the data-parallel ranks
+    (``hparams.data_parallel_size``) read different batches.
     """
     if training_args.max_steps <= 0 and not num_train_examples:
         return None
@@ -137,7 +139,7 @@ def training_steps(training_args: Any, num_train_examples: int | None, sequence_
         num_train_examples or 0,
         training_args.per_device_train_batch_size,
         training_args.gradient_accumulation_steps,
-        max(1, training_args.world_size // sequence_parallel),
+        data_parallel_size(training_args.world_size, sequence_parallel),
         training_args.dataloader_drop_last,
     )
     return total_optimizer_steps(per_epoch, training_args.num_train_epochs, training_args.max_steps)

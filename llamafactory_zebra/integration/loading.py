@@ -20,7 +20,7 @@ import math
 from types import ModuleType
 from typing import Any
 
-from ..configuration_zebra import ZebraConfig
+from ..configuration_zebra import ZebraConfig, is_zebra_config
 from ..released import RELEASED_HYBRID_CONFIG, RELEASED_LAYOUT, checkpoint_layout, load_released_config
 from ..seam import Seam, UpstreamSeamChanged, original
 
@@ -29,10 +29,6 @@ YARN_ONLY_ROPE_KEYS = ("mscale", "mscale_all_dim", "beta_fast", "beta_slow", "at
 
 ZEBRA_TEMPLATE = "zebra"
 BASE_TEMPLATE = "qwen3"
-
-
-def is_zebra_config(config: Any) -> bool:
-    return getattr(config, "model_type", None) == ZebraConfig.model_type
 
 
 def register_model_groups(constants: ModuleType) -> None:

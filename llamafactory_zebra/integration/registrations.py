@@ -10,15 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..attention_policy import FLASH_ATTENTION_2, FLASH_ATTENTION_3
+from ..configuration_zebra import ZebraConfig
+
 # Entries the plugin puts into transformers' process-wide registries through their public ``register``
 # methods: (registry, key, when). tests/integration/test_upstream_seams.py compares this with the registries' contents
 # after the plugin ran; docs/llamafactory.md lists it.
 TRANSFORMERS_REGISTRATIONS: tuple[tuple[str, str, str], ...] = (
-    ("AutoConfig", "zebra", "import llamafactory_zebra"),
-    ("AutoModel", "ZebraConfig", "import llamafactory_zebra"),
-    ("AutoModelForCausalLM", "ZebraConfig", "import llamafactory_zebra"),
-    ("AttentionInterface", "flash_attention_2", "a distillation teacher loads with FlashAttention"),
-    ("AttentionInterface", "flash_attention_3", "a distillation teacher loads with FlashAttention"),
+    ("AutoConfig", ZebraConfig.model_type, "import llamafactory_zebra"),
+    ("AutoModel", ZebraConfig.__name__, "import llamafactory_zebra"),
+    ("AutoModelForCausalLM", ZebraConfig.__name__, "import llamafactory_zebra"),
+    ("AttentionInterface", FLASH_ATTENTION_2, "a distillation teacher loads with FlashAttention"),
+    ("AttentionInterface", FLASH_ATTENTION_3, "a distillation teacher loads with FlashAttention"),
 )
 
 

@@ -34,7 +34,8 @@ from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
-from ..attention_policy import sequence_parallel_accepts_flash_attn
+from ..attention_policy import flash_attn_value, sequence_parallel_accepts_flash_attn
+from ..configuration_zebra import is_zebra_config
 from ..hparams import check_sequence_parallel_size
 from ..seam import Seam, original, wrapped
 from . import SEAM_HINT
@@ -54,7 +55,7 @@ def check_sequence_parallel_setup(
     sp: int, model_args: Any, data_args: Any, training_args: Any, finetuning_args: Any, config: Any
 ) -> None:
     """Raise ``ValueError`` for a run SP cannot do exactly; called before any data is loaded."""
-    if getattr(config, "model_type", None) != "zebra":
+    if not is_zebra_config(config):
         raise ValueError(
             f"sequence_parallel_size is implemented by llamafactory-zebra for Zebra models only; "
             f"{model_args.model_name_or_path} is {getattr(config, 'model_type', None)!r}"
@@ -62,7 +63,7 @@ def check_sequence_parallel_setup(
     check_sequence_parallel_size(sp, training_args.world_size)
     if finetuning_args.stage != "sft":
         raise ValueError(f"sequence_parallel_size supports stage: sft, got stage: {finetuning_args.stage}")
-    attention = str(getattr(model_args.flash_attn, "value", model_args.flash_attn))
+    attention = flash_attn_value(model_args.flash_attn)
     if not sequence_parallel_accepts_flash_attn(attention):
         raise ValueError(
             f"flash_attn: {attention} (eager attention) cannot run under sequence_parallel_size: it materialises whole-row "

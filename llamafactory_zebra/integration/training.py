@@ -11,11 +11,11 @@ One wrapper runs the steps in this order (each step lives with its feature):
 3. sequence parallelism: the setup is checked (world size, attention backend, heads, ``cutoff_len``)
    — ``sequence_parallel.py``;
 4. tiled MLP: the setup is checked — ``tiled_mlp.py``;
-4b. distillation: the settings are checked (it refuses SP and tiled MLP) — ``distill.py``;
-5. kernels, for Zebra models (local or AMD's hub ids): resolved for training (``kernel_choice.py``);
+5. distillation: the settings are checked (it refuses SP and tiled MLP) — ``distill.py``;
+6. kernels, for Zebra models (local or AMD's hub ids): resolved for training (``kernel_choice.py``);
    a known-broken kernel/Triton/GPU combination stops the run here, before the model loads, with the
    fixes as the last lines;
-6. guard rails, for Zebra checkpoints: neat-packing masks stay 2-D (the model isolates samples itself,
+7. guard rails, for Zebra checkpoints: neat-packing masks stay 2-D (the model isolates samples itself,
    so the O(L²) 4-D mask LLaMA-Factory builds for non-FA2 backends is not needed), then
    ``guards.check_training_setup`` — which reads the stored keys, and names the YAML file (or the
    command line) the arguments came from — then ``resume_from_last_complete_checkpoint`` points

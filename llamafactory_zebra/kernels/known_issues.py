@@ -2,8 +2,8 @@
 
 An entry matches a :class:`~.stack.Stack` when the op it concerns runs the named kernel family, the
 device vendor (and compute capability or architecture) fall in its range, every versioned package is
-installed within its range and the run has the affected phase (``"backward"``: training only;
-``"forward"``: every run). ``resolver.py`` reads the entries; nothing else in the package hard-codes
+installed within its range and the run makes the affected pass (``"backward"``: training only;
+``"forward"``: every run; a pass, not a resolver phase: training, inference or serving). ``resolver.py`` reads the entries; nothing else in the package hard-codes
 one. Each entry says what this project *established* (and how) apart from what is *reported*
 upstream, cites the threads, and gives fixes a user can run. An entry with a ``workaround`` is one the
 plugin applies itself (``workarounds.py``): it is a note, not a stop, and its fixes are the advice for
@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .registry import FLA, GDN_CHUNK, TORCH_GDN_MEASURED_COST
+from .registry import FLA, GDN_CHUNK, TORCH_GDN_GPU_COST
 from .stack import Stack, parse_version
 from .switches import BACKEND_ENV_VAR
 from .workarounds import FLA_MAX_STAGES_ENV_VAR, TRITON_CACHE_PER_RANK, TRITON_STAGE_CAP
 
-PHASES = ("forward", "backward")
+FORWARD, BACKWARD = "forward", "backward"
+PASSES = (FORWARD, BACKWARD)
 TRITON_CACHE_SHARED = "triton-cache-shared-by-ranks"
 
 
@@ -52,7 +53,7 @@ class KnownIssue:
     summary: str
     vendor: str  # "cuda" or "rocm"
     versions: tuple[VersionRange, ...]
-    phase: str  # "forward" or "backward"
+    in_pass: str  # the pass the bug hits: FORWARD or BACKWARD
     upstream: tuple[str, ...]
     fixes: tuple[str, ...]  # what a user can do, best first
     # CUDA compute capabilities [from, below); None: any. ROCm entries name architectures instead (empty: any).
@@ -65,8 +66,8 @@ class KnownIssue:
     avoided_note: str = ""
     workaround: str | None = None  # what the plugin does about it itself (``workarounds.py``), if anything
 
-    def matches(self, stack: Stack, phase_needed: tuple[str, ...]) -> bool:
-        if self.phase not in phase_needed or stack.device != self.vendor:
+    def matches(self, stack: Stack, passes: tuple[str, ...]) -> bool:
+        if self.in_pass not in passes or stack.device != self.vendor:
             return False
         if self.capability_from is not None:
             if stack.capability is None or not self.capability_from <= stack.capability < self.capability_below:
@@ -92,13 +93,13 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         kernel_family=FLA,
         summary=(
             "Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs miscompiles fla's gated chunk_bwd_dqkwg (the GDN "
-            "backward); fla raises at the first backward, after its kernels compiled (~140 s on an H200)"
+            "backward); fla raises at the first backward, after its kernels compiled (minutes on a fresh machine)"
         ),
         vendor="cuda",
         capability_from=(9, 0),
         capability_below=(10, 0),
         versions=(VersionRange("fla-core"), VersionRange("triton", "3.4.0", "3.7.1")),
-        phase="backward",
+        in_pass=BACKWARD,
         upstream=(
             "fla-org/flash-linear-attention#640",
             "fla-org/flash-linear-attention#826",
@@ -109,10 +110,9 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         fixes=(
             'upgrade Triton: pip install "triton>=3.7.1" (or a torch >= 2.12.1, which ships Triton 3.7.1)',
             "or install TileLang, which fla then uses for this kernel (needs nvcc on PATH): pip install tilelang",
-            f"or set {BACKEND_ENV_VAR}=torch to train the GDN layers with the PyTorch path, measured at "
-            f"{TORCH_GDN_MEASURED_COST}",
+            f"or set {BACKEND_ENV_VAR}=torch to train the GDN layers with the PyTorch path ({TORCH_GDN_GPU_COST})",
         ),
-        established="measured on an H200 (docs/gpu.md); fla's own guard names the range",
+        established="hit on an H200 (docs/benchmarks.md); fla's own guard names the range",
         avoided_by="tilelang",
         avoided_note=(
             "tilelang is installed: fla routes chunk_bwd_dqkwg to TileLang when nvcc is on PATH and the call "
@@ -130,7 +130,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         ),
         vendor="rocm",
         versions=(VersionRange("fla-core"),),
-        phase="backward",
+        in_pass=BACKWARD,
         upstream=("AMD-AGI/Primus tools/hybrid/patch_fla_triton_autotune_hang.sh",),
         fixes=(
             f"if a ROCm run still stops at its first backward with no message, set {FLA_MAX_STAGES_ENV_VAR}=2: "
@@ -158,7 +158,7 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
         ),
         vendor="rocm",
         versions=(VersionRange("fla-core"),),
-        phase="backward",
+        in_pass=BACKWARD,
         upstream=("AMD-AGI/Primus tools/hybrid/patch_fla_triton_autotune_hang.sh",),
         fixes=("set TRITON_CACHE_DIR to a directory of its own in each rank before it starts",),
         established=(

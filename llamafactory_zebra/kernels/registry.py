@@ -61,12 +61,10 @@ FLASH_ATTN, FLEX, DENSE = "flash-attn", "flex", "dense"
 FAMILIES = (FLA, TORCH, CPP, VLLM, FLASH_ATTN, FLEX, SDPA, DENSE, LIGER, CHUNKED, LOGITS)
 
 FLA_INSTALL = "pip install fla-core  (the plugin's `gpu` extra pins the tested range)"
-# The one GPU measurement of the PyTorch GDN path there is (docs/gpu.md: one H200, torch 2.11, bf16, gradient
-# checkpointing, Liger CE, one unpacked row; the full Zebra against a same-width Qwen3-1.7B, training tokens/s).
-# It was taken with ``chunk.py``; the GPU-shaped ``parallel`` formulation a GPU now gets has not run on one yet.
-TORCH_GDN_MEASURED_COST = (
-    "0.19x / 0.33x the training tokens/s of a same-width Qwen3-1.7B at 8k / 32k tokens (H200, measured with "
-    "chunk.py; the GPU-shaped parallel formulation now used on GPUs is not yet measured there)"
+# Where the one GPU measurement of the PyTorch GDN path is (the full Zebra against a same-width Qwen3-1.7B,
+# training tokens/s on one H200): what the fla-missing warning and the known issues' fix point the user to.
+TORCH_GDN_GPU_COST = (
+    'its GPU training speed: docs/benchmarks.md, "One H200: fla, and training with the PyTorch GDN path"'
 )
 FLA_MISSING = "fla-missing-on-gpu"
 
@@ -285,7 +283,7 @@ def packed_attention_kernel(attn_implementation: str | None, device_type: str) -
 def fla_missing_message() -> str:
     return (
         f"fla (pip fla-core) is missing or does not import on this GPU machine: the GDN layers run the PyTorch "
-        f"path, measured at {TORCH_GDN_MEASURED_COST}; install it: {FLA_INSTALL}"
+        f"path ({TORCH_GDN_GPU_COST}); install it: {FLA_INSTALL}"
     )
 
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..attention_policy import FLASH_ATTENTION_2, SDPA
-from .known_issues import KNOWN_ISSUES, KnownIssue
+from .known_issues import FORWARD, KNOWN_ISSUES, PASSES, KnownIssue
 from .registry import (
     ATTENTION,
     CONV,
@@ -165,9 +165,9 @@ def resolve(
             missed = selection.missing
             _add_once(problems, Problem(op, WARN, missing_message(missed), key=missed.missing_warning))
         choices.append(_choice(op, selection, attn_implementation, attention_note))
-    phases = ("forward", "backward") if training else ("forward",)
+    passes = PASSES if training else (FORWARD,)
     for issue in KNOWN_ISSUES:
-        problems += _issue_problems(issue, stack, choices, phases, training)
+        problems += _issue_problems(issue, stack, choices, passes, training)
     return Resolution(phase, stack, tuple(choices), tuple(problems))
 
 
@@ -207,12 +207,12 @@ def _add_once(problems: list[Problem], problem: Problem) -> None:
 
 
 def _issue_problems(
-    issue: KnownIssue, stack: Stack, choices: list[Choice], phases: tuple[str, ...], training: bool
+    issue: KnownIssue, stack: Stack, choices: list[Choice], passes: tuple[str, ...], training: bool
 ) -> list[Problem]:
     if not any(c.part == issue.part and c.family == issue.kernel_family for c in choices):
         return []
     source = f"{issue.summary} ({', '.join(issue.upstream)})"
-    if issue.matches(stack, phases):
+    if issue.matches(stack, passes):
         if issue.workaround is not None:
             return [
                 Problem(

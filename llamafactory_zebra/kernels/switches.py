@@ -14,6 +14,8 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from ..attention_policy import PACKED_DENSE_MASK, PACKED_FLEX, PACKED_PER_SEGMENT_SDPA, SDPA
+
 AUTO = "auto"
 TRITON_INTERPRET_ENV_VAR = "TRITON_INTERPRET"
 
@@ -100,14 +102,14 @@ PACKED_SDPA_ENV_VAR = "ZEBRA_PACKED_SDPA"
 PACKED_SDPA = Switch(
     PACKED_SDPA_ENV_VAR,
     ops=("attention",),
-    governs=frozenset({"flex_block_mask", "sdpa_per_segment", "dense_mask"}),
+    governs=frozenset({PACKED_FLEX, PACKED_PER_SEGMENT_SDPA, PACKED_DENSE_MASK}),
     values={
         AUTO: SwitchValue(),
-        "flex": _only("flex_block_mask"),
-        "per_segment": _only("sdpa_per_segment"),
-        "dense_mask": _only("dense_mask"),
+        "flex": _only(PACKED_FLEX),
+        "per_segment": _only(PACKED_PER_SEGMENT_SDPA),
+        "dense_mask": _only(PACKED_DENSE_MASK),
     },
-    applies=lambda details: details.get("attn_implementation") == "sdpa",
+    applies=lambda details: details.get("attn_implementation") == SDPA,
     doc="sdpa's packed-row kernel: auto (flex on GPUs, per-segment sdpa elsewhere), flex, per_segment, dense_mask",
 )
 

@@ -7,7 +7,7 @@ unconditionally, so every model without attention sinks — Zebra included — r
 does what that one does for a sink-less model — transpose to FA's ``[B, T, heads, D]`` layout, cast
 fp32 activations back to the weights' dtype, take ``is_causal`` from the module — and hands everything
 else, packing included, to transformers' ``_flash_attention_forward``, which picks the varlen kernel.
-Zebra's MLA calls it directly; ``integration.seams.register_sinkless_flash_attention`` puts
+Zebra's MLA calls it directly; ``integration.registrations.register_sinkless_flash_attention`` puts
 :func:`sinkless_flash_attention` behind transformers' ``AttentionInterface`` for other models loaded in
 the same process (the distillation teacher). Drop it once the transformers floor is past 5.6.0. Which
 attention implementations exist and who takes which: ``attention_policy.py``.
@@ -64,7 +64,7 @@ def sinkless_flash_attention(
     attention_mask: torch.Tensor | None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """What ``integration.seams.register_sinkless_flash_attention`` puts behind transformers'
+    """What ``integration.registrations.register_sinkless_flash_attention`` puts behind transformers'
     ``AttentionInterface`` for FlashAttention: calls that carry sinks (``s_aux``) still go to transformers'
     own function, so models that have them are unaffected; every other call goes to this module's."""
     if kwargs.get("s_aux") is not None:

@@ -6,8 +6,13 @@ write strength ``beta`` and log-decay ``g`` from ``b_proj(x)``, ``a_proj(x)``, `
 (``ops.gdn_gates`` has the formula), the gated delta rule over L2-normalised q/k, then a gated RMSNorm
 (gate ``g_proj(x)``) and ``o_proj``.
 
-The math lives in ``llamafactory_zebra.ops``; this module only wires parameters, packing borders and
-the decode cache to it, so a sequence-parallel caller can swap the op without touching the layer.
+The math lives in ``llamafactory_zebra.ops``; this module wires parameters, packing borders and the
+decode cache to it. Under sequence parallelism (``sp_context``: the rows are shards of longer rows) the
+layer makes the one switch in :meth:`ZebraGatedDeltaNet.forward` where a shard differs from a whole row:
+the convolutions' entering windows come from the previous rank (``parallel.gdn.conv_halo_states``,
+an exchange of the layer's own q/k/v projections, so it cannot be handed in before the layer runs) and
+the rule is ``parallel.gdn.chunk_gated_delta_rule_sp``, which takes the recurrence's entering state from
+the earlier ranks — as the MLA layer wraps its attention function for Ulysses.
 """
 
 from __future__ import annotations
@@ -123,33 +128,20 @@ class ZebraGatedDeltaNet(nn.Module):
         if cu_seqlens is not None:
             mixed = tuple(x.reshape(1, batch * length, -1) for x in mixed)
 
-        convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
+        # What enters the convolutions and the recurrence: the cache's states, or the earlier ranks'.
         conv_states = cache.conv_states_qkv if cache is not None else (None, None, None)
+        rule = fused_recurrent_gated_delta_rule if decoding and length == 1 else chunk_gated_delta_rule
         if sp_context is not None:
             conv_states = conv_halo_states(sp_context, mixed, self.q_conv1d.kernel_size[0])
-        outputs, new_conv_states = [], []
-        for conv, x, state in zip(convs, mixed, conv_states, strict=True):
-            y, new_state = conv(
-                x, cu_seqlens=cu_seqlens, state=state, output_final_state=cache is not None, decoding=decoding
-            )
-            outputs.append(y)
-            new_conv_states.append(new_state)
-        q, k, v = outputs
-        q = q.unflatten(-1, (self.num_heads, self.head_k_dim))
-        k = k.unflatten(-1, (self.num_heads, self.head_k_dim))
-        v = v.unflatten(-1, (self.num_heads, self.head_v_dim))
+            rule = functools.partial(chunk_gated_delta_rule_sp, sp_context)
 
-        # The gate projections may be kept in fp32 while the rest runs in fp16 (``_keep_in_fp32_modules``).
-        gate_input = hidden_states.to(self.b_proj.weight.dtype)
-        g, beta = gdn_gates(self.a_proj(gate_input), self.b_proj(gate_input), self.A_log, self.dt_bias)
-        beta = beta.to(hidden_states.dtype)
+        (q, k, v), new_conv_states = self.short_convolutions(
+            mixed, conv_states, cu_seqlens, keep_states=cache is not None, decoding=decoding
+        )
+        g, beta = self.gates(hidden_states)
         if cu_seqlens is not None:
             beta = beta.reshape(1, batch * length, -1)
             g = g.reshape(1, batch * length, -1)
-
-        rule = fused_recurrent_gated_delta_rule if decoding and length == 1 else chunk_gated_delta_rule
-        if sp_context is not None:
-            rule = functools.partial(chunk_gated_delta_rule_sp, sp_context)
         output, recurrent_state = rule(
             q,
             k,
@@ -168,3 +160,35 @@ class ZebraGatedDeltaNet(nn.Module):
         gate = self.g_proj(hidden_states).unflatten(-1, (self.num_heads, self.head_v_dim))
         output = self.o_norm(output, gate)
         return self.o_proj(output.reshape(batch, length, self.value_dim))
+
+    def short_convolutions(
+        self,
+        mixed: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        conv_states: tuple[torch.Tensor | None, ...],
+        cu_seqlens: torch.Tensor | None,
+        keep_states: bool,
+        decoding: bool,
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], list[torch.Tensor | None]]:
+        """q, k, v ``[B, T, heads, ·]`` after their causal convolutions and SiLU, and each convolution's
+        final window (when ``keep_states``, for the cache)."""
+        outputs, new_states = [], []
+        for conv, x, state in zip((self.q_conv1d, self.k_conv1d, self.v_conv1d), mixed, conv_states, strict=True):
+            y, new_state = conv(
+                x, cu_seqlens=cu_seqlens, state=state, output_final_state=keep_states, decoding=decoding
+            )
+            outputs.append(y)
+            new_states.append(new_state)
+        q, k, v = outputs
+        q = q.unflatten(-1, (self.num_heads, self.head_k_dim))
+        k = k.unflatten(-1, (self.num_heads, self.head_k_dim))
+        v = v.unflatten(-1, (self.num_heads, self.head_v_dim))
+        return (q, k, v), new_states
+
+    def gates(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The log-decay ``g`` (fp32) and write strength ``beta`` (the activations' dtype) ``[B, T, heads]``.
+
+        The gate projections may be kept in fp32 while the rest runs in fp16 (``_keep_in_fp32_modules``).
+        """
+        gate_input = hidden_states.to(self.b_proj.weight.dtype)
+        g, beta = gdn_gates(self.a_proj(gate_input), self.b_proj(gate_input), self.A_log, self.dt_bias)
+        return g, beta.to(hidden_states.dtype)

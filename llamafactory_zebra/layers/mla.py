@@ -28,19 +28,23 @@ Where the norms sit (``config.mla_norm``):
   ``kv_a_layernorm`` on the latent before caching (the cache holds the normalised latent).
 - ``none``: no norm in the mixer (the Llama-based HyLo models).
 
-Attention itself goes through transformers' attention interface, so ``eager``, ``sdpa`` and
-``flash_attention_2`` (with its varlen path for packed sequences) all work unchanged; FlashAttention
-goes through ``flash_attention.py`` (transformers' FA core without a transformers 5.6.0 bug), and
-packed rows on sdpa through :func:`flex_sdpa_attention` or :func:`per_segment_sdpa_attention`, which read
-the samples' borders instead of a ``T x T`` mask (the kernel registry's ``attention`` op says which).
+Attention, as in transformers' modeling files, is the projections and one call of an attention function,
+chosen in one place (:func:`mla_attention_function`):
 
-Decoding (a cache with earlier tokens and a few new queries) takes the absorbed path of DeepSeek-V2
-(§2.1.2 of its report): ``kv_b_proj``'s key half is folded into the queries and its value half into the
-output, so a step reads the cached latents once — ``heads × (r + d)`` values per cached token —
-instead of expanding every past token to ``kv_heads × (nope + v)`` keys and values at every step.
-For ``qk_head`` the query nope part is first multiplied by ``k_norm``'s nope weights and each score by
-the cached ``1 / rms_h``, which keeps the absorption exact (the score is linear in the latent once the
-per-token scale is fixed).
+- no earlier tokens in a cache (training, a prompt's first chunk): the stock path,
+  :func:`expanded_attention` — ``kv_b_proj`` expands the latents to keys and values, which go to the
+  kernel :func:`expanded_attention_kernel` picks: :func:`eager_attention_forward` (this file, the plain
+  reference), transformers' registered function for ``sdpa`` or any other registered name, FlashAttention
+  through ``flash_attention.py`` (transformers' FA core without a transformers 5.6.0 bug), and for packed
+  rows the kernel registry's ``attention`` op (``kernels.packed_attention_kernel``): FlashAttention's
+  varlen path, or :func:`flex_sdpa_attention` / :func:`per_segment_sdpa_attention`, which read the samples'
+  borders instead of a ``T x T`` mask. Under sequence parallelism the kernel is wrapped by
+  ``parallel.attention.ulysses_attention``.
+- earlier tokens in the cache: the latent-cache functions of ``mla_decode.py`` — DeepSeek-V2's absorbed
+  decode for a few new tokens, one key/value head at a time for longer chunks (FlashAttention takes the
+  stock path there). The forward keyword ``mla_cache_path="expand"`` sends cached calls down the stock
+  path instead, to test and measure the latent paths against it (``tests/model/test_mla_absorbed_decode.py``,
+  ``benchmarks/bench_decode.py``).
 """
 
 from __future__ import annotations
@@ -65,7 +69,9 @@ from ..configuration_zebra import MLA_NORM_LORA, MLA_NORM_QK_HEAD, ZebraConfig
 from ..kernels import packed_attention_kernel
 from ..ops.packed_attention import flex_packed_attention, per_segment_sdpa
 from ..parallel.attention import ulysses_attention
+from ..parallel.context import SequenceParallelContext
 from ..rope import mla_softmax_scale
+from . import mla_decode
 from .flash_attention import flash_attention_forward
 from .norms import ZebraRMSNorm
 
@@ -91,15 +97,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interlea
 def interleaved_to_half_split(dim: int) -> list[int]:
     """Row order [0, 2, …, dim-2, 1, 3, …, dim-1]: interleaved rope rows as half-split ones."""
     return [*range(0, dim, 2), *range(1, dim, 2)]
-
-
-# Query lengths that take the absorbed path when a cache holds earlier tokens (one-token decode, and the
-# few tokens of assisted/speculative decoding); longer chunks (chunked prefill) expand the latents, one
-# key/value head at a time (``attention_by_key_head``).
-ABSORBED_DECODE_MAX_QUERIES = 16
-# Scores (or mask elements) one attention call of ``attention_by_key_head`` may hold: 2**26 fp32 values are
-# 256 MiB, 1024 queries against 64K cached tokens.
-CACHED_CHUNK_SCORE_ELEMENTS = 2**26
 
 
 def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -175,7 +172,7 @@ per_segment_sdpa_attention = _on_the_borders(_per_segment)
 
 
 # The registry's ``attention`` keys → the function a packed row's attention calls (the dense mask: the
-# model's own attention function, ``ZebraMLA.attention_function``).
+# model's own attention function, :func:`expanded_attention_kernel`).
 PACKED_ATTENTION_FUNCTIONS: dict[str, Callable | None] = {
     PACKED_FLASH_VARLEN: flash_attention_forward,
     PACKED_FLEX: flex_sdpa_attention,
@@ -200,9 +197,6 @@ class ZebraMLA(nn.Module):
         self.rope_interleave = config.rope_interleave
         self.mla_norm = config.mla_norm
         self.attention_dropout = config.attention_dropout
-        # Off only to measure or test the stock path against it (benchmarks/bench_decode.py): every new
-        # chunk, a decode step included, then expands all cached latents to every key/value head at once.
-        self.absorbed_decode = True
         self.is_causal = True
         self.scaling = mla_softmax_scale(config)
 
@@ -273,17 +267,6 @@ class ZebraMLA(nn.Module):
         kv = kv.unflatten(-1, (self.num_key_value_heads, self.qk_nope_head_dim + self.v_head_dim)).transpose(1, 2)
         return kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
 
-    def up_projection(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """The matrix ``kv_b_proj`` applies, split into its key ``[kv_heads, nope, r]`` and value ``[kv_heads, v, r]`` halves.
-
-        Read by calling the module on the identity rather than from ``.weight``: a PEFT LoRA wrapper adds its
-        delta only in ``forward`` (``.weight`` is the frozen base), and ZeRO-3 gathers a partitioned weight
-        only around its module's ``forward``. ``kv_b_proj`` has no bias, so this is exactly the matrix.
-        """
-        identity = torch.eye(self.kv_lora_rank, dtype=dtype, device=self.kv_b_proj.weight.device)
-        key, value = self.split_heads(self.kv_b_proj(identity)[None])
-        return key[0].transpose(1, 2), value[0].transpose(1, 2)
-
     def expand(self, kv: torch.Tensor, rope_entry: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``kv_b_proj`` of the cached latents ``[B, S, ·]`` and the rope entries ``[B, 1, S, ·]`` → keys and values ``[B, kv_heads, S, ·]``."""
         key_nope, value = self.split_heads(kv)
@@ -308,6 +291,7 @@ class ZebraMLA(nn.Module):
         batch, length, _ = hidden_states.shape
         cos, sin = position_embeddings
         sp_context = kwargs.pop("sp_context", None)
+        cache_path = kwargs.pop(CACHE_PATH_KEYWORD, LATENT)
 
         query_nope, query_rope = self.project_queries(hidden_states).split(
             [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1
@@ -317,150 +301,92 @@ class ZebraMLA(nn.Module):
         latent, rope_key = self.compress(hidden_states)
         kv = self.kv_b_proj(latent.squeeze(1))
         rope_entry = self.cache_entry(kv, rope_key, cos, sin)
-        past_length = 0
+        cached = past_key_values is not None and past_key_values.get_seq_length(self.layer_idx) > 0
         if past_key_values is not None:
-            past_length = past_key_values.get_seq_length(self.layer_idx)
             latent, rope_entry = past_key_values.update(latent, rope_entry, self.layer_idx)
-        if past_length > 0 and self.absorbed_decode and length <= ABSORBED_DECODE_MAX_QUERIES:
-            output = self.absorbed_attention(
-                query_nope, query[..., self.qk_nope_head_dim :], latent, rope_entry, attention_mask
-            )
-            return self.out_proj(output)
-        attention_interface = self.attention_function("cu_seq_lens_q" in kwargs or sp_context is not None, query)
-        if past_length > 0 and self.absorbed_decode and attention_interface is not flash_attention_forward:
-            output = self.attention_by_key_head(attention_interface, query, latent, rope_entry, attention_mask)
-            return self.out_proj(output.reshape(batch, length, -1))
-        if past_length > 0:
-            kv = self.kv_b_proj(latent.squeeze(1))
-        key, value = self.expand(kv, rope_entry)
-        if sp_context is not None:
-            attention_interface = ulysses_attention(sp_context, attention_interface, self.config._attn_implementation)
-        output, _ = attention_interface(
+
+        packed = "cu_seq_lens_q" in kwargs or sp_context is not None
+        attention_interface = mla_attention_function(self, query, cached, packed, sp_context, cache_path)
+        output = attention_interface(
             self,
             query,
-            key,
-            value,
+            latent,
+            rope_entry,
             attention_mask,
+            new_kv=None if cached else kv,
             dropout=self.attention_dropout if self.training else 0.0,
             scaling=self.scaling,
             **kwargs,
         )
         return self.out_proj(output.reshape(batch, length, -1))
 
-    def attention_function(self, packed: bool, query: torch.Tensor) -> Callable:
-        """The attention function for this call: for packed rows the kernel registry's choice
-        (``kernels.packed_attention_kernel``: FlashAttention varlen, flex or per-sample sdpa on the samples'
-        borders, or the dense mask with the model's own function), else FlashAttention or transformers'
-        registered function."""
-        implementation = self.config._attn_implementation
-        if packed:
-            function = PACKED_ATTENTION_FUNCTIONS[packed_attention_kernel(implementation, query.device.type)]
-            if function is not None:
-                return function
-        if implementation in FLASH_ATTENTION_BACKENDS:
-            return flash_attention_forward
-        if implementation in (None, EAGER):
-            return eager_attention_forward
-        return ALL_ATTENTION_FUNCTIONS[implementation]
 
-    def attention_by_key_head(
-        self,
-        attention_interface: Callable,
-        query: torch.Tensor,
-        latent: torch.Tensor,
-        rope_entry: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """A chunk of queries over a long cache, expanding the cached latents one key/value head at a time:
-        ``[B, q, heads, v]``, what ``expand`` + the attention function give.
-
-        ``expand`` holds every cached token as ``kv_heads × (nope + v)`` values, plus the key copy and the
-        attention function's own copies of K and V: at 64K tokens and the released shapes, gigabytes in
-        one layer, so chunked prefill's peak would grow with the context like a one-shot forward's. One
-        head at a time holds a ``1 / kv_heads`` share of it, for the same number of operations.
-        The queries go in blocks of at most ``CACHED_CHUNK_SCORE_ELEMENTS / cached tokens``: sdpa turns a
-        boolean mask into a float one of the same size, and eager builds the scores, so one call for an
-        8K-token chunk over 64K cached tokens would hold 2 GiB of either. ``query`` is
-        ``[B, heads, q, qk_head_dim]`` (rotated); query head ``h`` reads key head ``h // groups``, as
-        ``repeat_kv`` pairs them.
-        """
-        groups, nope, rope_dim = self.num_key_value_groups, self.qk_nope_head_dim, self.qk_rope_head_dim
-        key_up, value_up = self.up_projection(latent.dtype)
-        latent, rope_entry = latent.squeeze(1), rope_entry.squeeze(1)
-        rope_key = rope_entry[..., :rope_dim]
-        queries = query.shape[2]
-        # Without a mask the attention function reads the block as causal from its first key: one block.
-        block = queries if attention_mask is None else max(1, CACHED_CHUNK_SCORE_ELEMENTS // latent.shape[1])
-        outputs = []
-        for head in range(self.num_key_value_heads):
-            key_nope, head_rope = latent @ key_up[head].T, rope_key
-            if self.mla_norm == MLA_NORM_QK_HEAD:
-                inverse_rms = rope_entry[..., rope_dim + head, None]
-                key_nope = self.k_norm.weight[:nope] * (key_nope * inverse_rms).to(key_nope.dtype)
-                head_rope = (rope_key * inverse_rms).to(key_nope.dtype)
-            key = torch.cat((key_nope, head_rope), dim=-1)[:, None]
-            value = (latent @ value_up[head].T)[:, None]
-            head_query = query[:, head * groups : (head + 1) * groups]
-            blocks = []
-            for start in range(0, queries, block):
-                mask = None if attention_mask is None else attention_mask[:, :, start : start + block]
-                output, _ = attention_interface(
-                    self, head_query[:, :, start : start + block], key, value, mask, scaling=self.scaling
-                )
-                blocks.append(output)
-            outputs.append(torch.cat(blocks, dim=1))
-        return torch.cat(outputs, dim=2)
-
-    def absorbed_attention(
-        self,
-        query_nope: torch.Tensor,
-        query_rope: torch.Tensor,
-        latent: torch.Tensor,
-        rope_entry: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Attention over the cached latents without expanding them: ``[B, q, heads · v]``.
-
-        ``query_nope`` ``[B, heads, q, nope]`` (before any key weight), ``query_rope`` rotated; ``latent``
-        ``[B, 1, S, r]`` and ``rope_entry`` as cached. Query head ``h`` reads key/value head
-        ``h // groups``, as ``repeat_kv`` pairs them.
-        """
-        batch, _, queries, _ = query_nope.shape
-        groups, kv_heads = self.num_key_value_groups, self.num_key_value_heads
-        latent = latent.squeeze(1)
-        rope_key = rope_entry.squeeze(1)[..., : self.qk_rope_head_dim]
-        if self.mla_norm == MLA_NORM_QK_HEAD:
-            query_nope = query_nope * self.k_norm.weight[: self.qk_nope_head_dim]
-        query_nope = query_nope.view(batch, kv_heads, groups, queries, -1)
-        query_rope = query_rope.reshape(batch, kv_heads, groups, queries, -1)
-        key_up, value_up = self.up_projection(latent.dtype)
-        query_latent = torch.einsum("bkgqn,knr->bkgqr", query_nope, key_up)
-        scores = torch.einsum("bkgqr,bsr->bkgqs", query_latent, latent)
-        scores = scores + torch.einsum("bkgqd,bsd->bkgqs", query_rope, rope_key)
-        if self.mla_norm == MLA_NORM_QK_HEAD:
-            inverse_rms = rope_entry.squeeze(1)[..., self.qk_rope_head_dim :]
-            scores = scores * inverse_rms.transpose(1, 2)[:, :, None, None, :]
-        scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * self.scaling
-        visible = decode_visibility(attention_mask, batch, queries, latent.shape[1], scores.device)
-        scores = scores.masked_fill(~visible[:, None, None], torch.finfo(scores.dtype).min)
-        weights = scores.softmax(dim=-1).to(latent.dtype)
-        context = torch.einsum("bkgqs,bsr->bkgqr", weights, latent)
-        output = torch.einsum("bkgqr,kvr->bqkgv", context, value_up)
-        return output.reshape(batch, queries, self.num_heads * self.v_head_dim)
+# The forward keyword that picks how a call with earlier tokens in the cache attends: LATENT (the default:
+# ``mla_decode.py``'s functions) or EXPAND (the stock path, every cached latent expanded to all key/value
+# heads at once; to test and measure the latent paths against).
+CACHE_PATH_KEYWORD = "mla_cache_path"
+LATENT, EXPAND = "latent", "expand"
+CACHE_PATHS = (LATENT, EXPAND)
 
 
-def decode_visibility(
-    attention_mask: torch.Tensor | None, batch: int, queries: int, keys: int, device: torch.device
+def expanded_attention(
+    module: ZebraMLA,
+    query: torch.Tensor,
+    latent: torch.Tensor,
+    rope_entry: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    kernel: Callable,
+    new_kv: torch.Tensor | None = None,
+    **kwargs,
 ) -> torch.Tensor:
-    """``[B, q, S]`` booleans: which cached keys each new query may read.
+    """The stock path: the latents expanded to keys and values (``kv_b_proj``, ``ZebraMLA.expand``), then
+    ``kernel`` (a transformers attention function): ``[B, q, heads, v]``. ``new_kv`` is ``kv_b_proj`` of
+    ``latent`` when the caller already computed it (no earlier tokens: the latent is the new tokens')."""
+    kv = module.kv_b_proj(latent.squeeze(1)) if new_kv is None else new_kv
+    key, value = module.expand(kv, rope_entry)
+    output, _ = kernel(module, query, key, value, attention_mask, **kwargs)
+    return output
 
-    Accepts what the model hands its attention functions: a 4-D boolean or additive mask, a 2-D padding
-    mask (FlashAttention-2's convention), or ``None`` (causal, nothing padded).
-    """
-    causal = torch.ones(queries, keys, dtype=torch.bool, device=device).tril(keys - queries)
-    if attention_mask is None:
-        return causal.expand(batch, -1, -1)
-    if attention_mask.dim() == 2:
-        return causal & attention_mask[:, None, -keys:].bool()
-    mask = attention_mask[:, 0, -queries:, -keys:]
-    return mask if mask.dtype == torch.bool else mask == 0
+
+def expanded_attention_kernel(module: ZebraMLA, packed: bool, query: torch.Tensor) -> Callable:
+    """The kernel that attends over expanded keys and values for this call: for packed rows the kernel
+    registry's choice (``kernels.packed_attention_kernel``: FlashAttention varlen, flex or per-sample sdpa
+    on the samples' borders, or the dense mask with the model's own function), else FlashAttention or
+    transformers' registered function for the model's ``attn_implementation``."""
+    implementation = module.config._attn_implementation
+    if packed:
+        function = PACKED_ATTENTION_FUNCTIONS[packed_attention_kernel(implementation, query.device.type)]
+        if function is not None:
+            return function
+    if implementation in FLASH_ATTENTION_BACKENDS:
+        return flash_attention_forward
+    if implementation in (None, EAGER):
+        return eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS[implementation]
+
+
+def mla_attention_function(
+    module: ZebraMLA,
+    query: torch.Tensor,
+    cached: bool,
+    packed: bool,
+    sp_context: SequenceParallelContext | None = None,
+    cache_path: str = LATENT,
+) -> Callable:
+    """The attention function of one call, chosen here only (see the module docstring): with earlier tokens
+    in the cache (``cached``) the absorbed decode for a few queries, else one key head at a time (but on
+    FlashAttention); otherwise, and for ``cache_path=EXPAND``, :func:`expanded_attention` on the kernel
+    :func:`expanded_attention_kernel` picks (wrapped for Ulysses under sequence parallelism). Every function
+    returned takes ``(module, query, latent, rope_entry, attention_mask, **kwargs)``."""
+    if cache_path not in CACHE_PATHS:
+        raise ValueError(f"{CACHE_PATH_KEYWORD}={cache_path!r}: use one of {', '.join(CACHE_PATHS)}")
+    latent_cache = cached and cache_path == LATENT
+    if latent_cache and query.shape[2] <= mla_decode.ABSORBED_DECODE_MAX_QUERIES:
+        return mla_decode.absorbed_attention
+    kernel = expanded_attention_kernel(module, packed, query)
+    if latent_cache and kernel is not flash_attention_forward:
+        return functools.partial(mla_decode.attention_by_key_head, kernel=kernel)
+    if sp_context is not None:
+        kernel = ulysses_attention(sp_context, kernel, module.config._attn_implementation)
+    return functools.partial(expanded_attention, kernel=kernel)

@@ -8,7 +8,7 @@ of the whole rows and hands them to the core attention in the form it reads:
 
 - FlashAttention-2/3 and sdpa: the borders themselves over all ``B * T`` tokens of the whole rows, no
   mask (``packing.flash_varlen_kwargs``); sdpa reads them through ``layers/mla.py``'s packed-row functions,
-  which the layer hands in as ``core_attention`` (``attention_policy.packed_attention_kernel``);
+  which the layer hands in as ``core_attention`` (``kernels.packed_attention_kernel``);
 - eager: the ``[B, 1, T, T]`` block-diagonal causal mask (quadratic: CPU and short rows only).
 
 RoPE has already been applied on each rank with the shard's global positions. Key/value heads that do

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..attention_policy import PLANNER_ATTENTION
+from ..attention_policy import FLASH_ATTENTION_2, PLANNER_ATTENTION, SDPA
 from ..configuration_zebra import GDN, MLA, ZebraConfig
 from ..kernels.registry import FLA, TORCH
 from ..loss import CHUNKED, LIGER, LOGITS
@@ -46,7 +46,7 @@ LOSS_BACKENDS = (LIGER, CHUNKED, LOGITS)
 class Kernels:
     """Which implementation runs each op whose saved tensors differ between implementations."""
 
-    attention: str = "flash_attention_2"
+    attention: str = FLASH_ATTENTION_2
     gdn: str = FLA
     loss: str = LIGER
 
@@ -132,7 +132,7 @@ def _mla_saved(d: _Dims, k: Kernels) -> dict[str, float]:
         + a * kvH * (d.nope + d.v)  # kv_b output, kept whole by the value view attention saves
     )
     attention = a * H * d.qk + a * kvH * d.qk + a * H * d.v + FP32 * H  # q, k, output, log-sum-exp
-    if k.attention == "sdpa":
+    if k.attention == SDPA:
         attention += a * H * d.v  # transpose(1, 2).contiguous() of the output, out_proj's input
     return {**_block_saved(d), "mla projections": projections, "attention": attention}
 
@@ -175,7 +175,7 @@ def _backward_peak(d: _Dims, k: Kernels, layer_type: str, saved: dict[str, float
     mlp_phase = total + a * (3 * d.i + 2 * d.h)
     upstream = total - saved["mlp"] - d.rms_norm(d.h)
     if layer_type == MLA:
-        if k.attention == "sdpa":
+        if k.attention == SDPA:
             upstream -= a * d.heads * d.v
         scratch = a * (d.heads * d.qk + d.kv_heads * (d.qk + d.v)) + FP32 * d.heads * d.qk
     else:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..configuration_zebra import GDN, MLA
+from ..configuration_zebra import GDN, MLA, is_zebra_config
 from ..ops.gated_delta_rule.chunk import CHUNK_SIZE
 
 
@@ -66,7 +66,7 @@ def flop_shape(model: torch.nn.Module) -> ModelFlopShape:
         module.weight.numel() for module in decoder.layers.modules() if isinstance(module, torch.nn.Linear)
     )
     head = model.get_output_embeddings().weight.numel()
-    if config.model_type != "zebra":
+    if not is_zebra_config(config):
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         return ModelFlopShape(
             layer_weights, head, config.num_hidden_layers, config.num_attention_heads, head_dim, head_dim

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..attention_policy import PACKED_DENSE_MASK
+from ..attention_policy import FLASH_ATTENTION_2, PACKED_DENSE_MASK, SDPA
 from ..configuration_zebra import ZebraConfig
 from ..hparams import check_sequence_parallel_size
 from ..kernels import packed_attention_kernel
@@ -52,7 +52,7 @@ class TrainingSetup:
     gradient_checkpointing: bool = True
     checkpoints_on_cpu: bool = False
     fused_cross_entropy: bool = False
-    attention: str = "sdpa"
+    attention: str = SDPA
     packing: bool = False
     zero_stage: int | None = None
     offload_optimizer: bool = False
@@ -214,7 +214,7 @@ CHANGES: tuple[Change, ...] = (
         "flash_attn: fa2 (packed batches then need no T×T mask)",
         _when(
             lambda s: s.packing and packed_attention_kernel(s.attention, "cuda") == PACKED_DENSE_MASK,
-            attention="flash_attention_2",
+            attention=FLASH_ATTENTION_2,
         ),
     ),
     Change(

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from huggingface_hub.errors import StrictDataclassError
 
+from ..attention_policy import SDPA
 from ..configuration_zebra import MLA_NORM_NONE, ZebraConfig
 from ..kernels import this_machine
 from ..layers.mla import ZebraMLA
@@ -102,11 +103,9 @@ def pick_dtype(name: str) -> torch.dtype:
     return torch.bfloat16 if machine.has_gpu or machine.cpu_bf16_dot_products else torch.float32
 
 
-# The next convention must score at least this much worse than the best for a verdict. Measured: the
-# four conventions of untrained tiny Zebras (4 seeds × 2 widths, fp32 and bf16, 512 tokens) lie within
-# 1.005× of each other, all at chance (perplexity ≈ vocabulary size); the tiny model of
-# tests/released/test_verify.py, trained 60 steps under one convention, wins by more than 1.5×. 1.05 sits ten
-# times above the first spread and ten times below the second.
+# The next convention must score at least this much worse than the best for a verdict: between the spread
+# of untrained models (all four at chance) and the lead of a trained one. The measured spreads it sits
+# between: docs/architecture.md, "MLA conventions".
 DECISIVE_MARGIN = 1.05
 
 OK, MISMATCH, NOT_LOADABLE, INCONCLUSIVE = 0, 1, 2, 3
@@ -167,7 +166,7 @@ def load_checkpoint(model_dir: str, dtype: torch.dtype) -> tuple[torch.nn.Module
         # config read by this package (a released directory's config.json describes Qwen3): this package
         # sits below the model, which reads released directories through it.
         config = load_checkpoint_config(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype, attn_implementation=SDPA)
     except (OSError, ValueError, StrictDataclassError) as error:
         raise CheckpointNotLoadable(str(error)) from error
     return model.eval(), tokenizer

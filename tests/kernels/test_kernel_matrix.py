@@ -235,7 +235,7 @@ def test_packed_attention(machine, implementation):
     def run(device):
         query = torch.empty(1, 4, 8, 32, device=device)
         borders = registry.packed_attention_kernel(implementation, query.device.type) in BORDER_KERNELS
-        return layer.attention_function(True, query) is expected, borders
+        return mla.expanded_attention_kernel(layer, True, query) is expected, borders
 
     assert on_the_machine(machine, run) == (True, key in BORDER_KERNELS)
 
@@ -253,7 +253,7 @@ def test_flash_attention_with_flash_attn_installed(monkeypatch):
     expected = mla.PACKED_ATTENTION_FUNCTIONS[row.key]
 
     def run(device):
-        return layer.attention_function(True, torch.empty(1, 4, 8, 32, device=device)) is expected
+        return mla.expanded_attention_kernel(layer, True, torch.empty(1, 4, 8, 32, device=device)) is expected
 
     assert row.key == "flash_varlen" and on_the_machine(stack, run)
 

@@ -3,11 +3,14 @@ one-shot forward, for every MLA norm placement and RoPE pairing, with left-padde
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
-from llamafactory_zebra.layers.mla import ZebraMLA
+from llamafactory_zebra.layers import mla_decode
+from llamafactory_zebra.layers.mla import CACHE_PATH_KEYWORD, EXPAND, LATENT
 from llamafactory_zebra.modeling_zebra import ZebraHybridCache
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -26,23 +29,18 @@ def perturbed_tiny(attn: str, mla_norm: str, rope_interleave: bool) -> ZebraForC
     return model
 
 
-def set_absorbed(model: ZebraForCausalLM, enabled: bool) -> None:
-    for module in model.modules():
-        if isinstance(module, ZebraMLA):
-            module.absorbed_decode = enabled
-
-
-def decode_logits(model, prompt, mask, steps):
+def decode_logits(model, prompt, mask, steps, cache_path=LATENT):
     """Prefill, then one token at a time, then three tokens in one step: logits of every new position."""
     cache = ZebraHybridCache(model.config)
     outputs = []
+    path = {CACHE_PATH_KEYWORD: cache_path}
     with torch.no_grad():
-        model(prompt, attention_mask=mask, past_key_values=cache)
+        model(prompt, attention_mask=mask, past_key_values=cache, **path)
         for t in range(steps.shape[1]):
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            outputs.append(model(steps[:, t : t + 1], attention_mask=mask, past_key_values=cache).logits)
+            outputs.append(model(steps[:, t : t + 1], attention_mask=mask, past_key_values=cache, **path).logits)
         mask = torch.cat([mask, torch.ones_like(mask[:, :3])], dim=1)
-        outputs.append(model(steps[:, :3], attention_mask=mask, past_key_values=cache).logits)
+        outputs.append(model(steps[:, :3], attention_mask=mask, past_key_values=cache, **path).logits)
     return torch.cat(outputs, dim=1)
 
 
@@ -59,12 +57,10 @@ def test_absorbed_decode_matches_the_expanding_path_and_a_one_shot_forward(
     mask[2, :1] = 0
     steps = torch.randint(3, 1000, (3, 5))
 
-    set_absorbed(model, False)
-    expanded = decode_logits(model, prompt, mask, steps)
-    set_absorbed(model, True)
+    expanded = decode_logits(model, prompt, mask, steps, cache_path=EXPAND)
     calls = []
-    original = ZebraMLA.absorbed_attention
-    monkeypatch.setattr(ZebraMLA, "absorbed_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = mla_decode.absorbed_attention
+    monkeypatch.setattr(mla_decode, "absorbed_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
     absorbed = decode_logits(model, prompt, mask, steps)
     assert len(calls) == 6 * len(model.config.mla_layers)  # five 1-token steps and one 3-token step
 
@@ -138,11 +134,10 @@ def test_prefill_chunks_longer_than_a_decode_step_match_the_one_shot_forward(
     chunk sizes that do not divide the prompt, every real position's logits equal the one-shot forward's
     and the stock (all heads at once) path's."""
     from llamafactory_zebra.evaluation.prefill import chunked_prefill
-    from llamafactory_zebra.layers import mla
-    from llamafactory_zebra.layers.mla import ABSORBED_DECODE_MAX_QUERIES
+    from llamafactory_zebra.layers.mla_decode import ABSORBED_DECODE_MAX_QUERIES
 
     if score_elements is not None:
-        monkeypatch.setattr(mla, "CACHED_CHUNK_SCORE_ELEMENTS", score_elements)
+        monkeypatch.setattr(mla_decode, "CACHED_CHUNK_SCORE_ELEMENTS", score_elements)
     model = perturbed_tiny(attn, mla_norm, True)
     ids = torch.randint(3, 1000, (3, 61))
     mask = torch.ones_like(ids)
@@ -151,14 +146,14 @@ def test_prefill_chunks_longer_than_a_decode_step_match_the_one_shot_forward(
     with torch.no_grad():
         reference = model(ids, attention_mask=mask).logits
     calls = []
-    original = ZebraMLA.attention_by_key_head
-    monkeypatch.setattr(ZebraMLA, "attention_by_key_head", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = mla_decode.attention_by_key_head
+    monkeypatch.setattr(mla_decode, "attention_by_key_head", lambda *a, **k: calls.append(1) or original(*a, **k))
     for chunk in (ABSORBED_DECODE_MAX_QUERIES + 1, 24):
         results = {}
-        for absorbed in (True, False):
-            set_absorbed(model, absorbed)
+        for absorbed, path in ((True, LATENT), (False, EXPAND)):
             pieces: list[torch.Tensor] = []
-            chunked_prefill(model, ids, mask, chunk, on_chunk=lambda start, logits, out=pieces: out.append(logits))
+            on_path = functools.partial(model, **{CACHE_PATH_KEYWORD: path})
+            chunked_prefill(on_path, ids, mask, chunk, on_chunk=lambda start, logits, out=pieces: out.append(logits))
             results[absorbed] = torch.cat(pieces, dim=1)
         for row in range(3):
             real = mask[row] == 1
@@ -166,3 +161,9 @@ def test_prefill_chunks_longer_than_a_decode_step_match_the_one_shot_forward(
             torch.testing.assert_close(results[True][row, real], results[False][row, real], atol=1e-5, rtol=1e-5)
     # After the first chunk: 17, 17 (then 10: a decode-sized step) and 24 (then 13).
     assert len(calls) == 3 * len(model.config.mla_layers)
+
+
+def test_an_unknown_cache_path_is_refused_naming_the_keyword():
+    model = perturbed_tiny("eager", "qk_head", True)
+    with pytest.raises(ValueError, match="mla_cache_path='absorbed': use one of latent, expand"):
+        model(torch.randint(3, 1000, (1, 4)), **{CACHE_PATH_KEYWORD: "absorbed"})

@@ -51,7 +51,10 @@ def test_tiny_preset_loads_in_4bit_names_the_kept_layers_and_generates(tiny_chec
     with caplog.at_level(logging.WARNING, logger="llamafactory_zebra.quantization"):
         quantised = AutoModelForCausalLM.from_pretrained(path, quantization_config=NF4)
     message = next(r.getMessage() for r in caplog.records if "stay unquantised" in r.getMessage())
-    assert all(name in message for name in unfit)
+    # The GDN gates are the class's own rule (kept for precision), named by neither the rule nor the warning.
+    gates = {name for name in unfit if name.endswith(("gdn.a_proj", "gdn.b_proj"))}
+    assert gates and all(name in message for name in unfit - gates)
+    assert not any(name in message for name in gates)
     for name, module in quantised.named_modules():
         if isinstance(module, torch.nn.Linear) and name != "lm_head":
             assert isinstance(module, bnb.nn.Linear4bit) == (name not in unfit), name

@@ -1,11 +1,17 @@
-"""The README and docs/*.md say only what the tree holds.
+"""The README, docs/*.md and the package's own docstrings and comments say only what the tree holds.
 
-Two checks, cheap like the seam-table test: the README's layout block names every subpackage and
-top-level module of ``llamafactory_zebra/``, and every repository path the docs quote exists. Each
-failure lists exactly what is missing, so a moved or new module is a one-line docs fix.
+Cheap checks, like the seam-table test: the README's layout block names every subpackage and
+top-level module of ``llamafactory_zebra/``, every repository path the docs quote exists, and every name
+of this package the docs quote in backticks exists (``ZebraMLA.expand``, ``released.checkpoint_layout(path)``,
+``packed_attention_kernel(...)``); the package's docstrings and comments are held to the same paths and to
+the dotted names they quote (``kernels.packed_attention_kernel``). Each failure lists exactly what is
+missing, so a moved, renamed or new module or function is a one-line docs fix.
 """
 
+import ast
+import importlib
 import re
+from functools import cache
 from pathlib import Path
 
 from repo_paths import REPO
@@ -15,12 +21,14 @@ PACKAGE = REPO / "llamafactory_zebra"
 # A quoted path starts at one of these folders (after a space, a backtick, "(" or "../"; not inside
 # another path, as tools/ in tests/tools/).
 QUOTED_PATH = re.compile(
-    r"(?<![\w-])(?<!\w/)((?:llamafactory_zebra|examples|scripts|benchmarks|tools|deepspeed_configs)/[\w./*-]*)"
+    r"(?<![\w-])(?<!\w/)((?:llamafactory_zebra|examples|scripts|benchmarks|tools|deepspeed_configs|tests_vllm|tests"
+    r"|docs)/[\w./*-]*)"
 )
 
 # Paths the docs quote from another repository, with where they live.
 OTHER_REPOSITORIES = {
     "examples/deepspeed/ds_z*_config.json": "LLaMA-Factory's own DeepSpeed presets (docs/deepspeed.md)",
+    "tools/hybrid/patch_fla_triton_autotune_hang.sh": "AMD-AGI/Primus's fla patch (kernels/known_issues.py)",
 }
 
 
@@ -68,9 +76,189 @@ def missing_paths(documents: dict[str, str], root: Path) -> list[str]:
     return missing
 
 
+# A backticked span that names code: ``name(...)``, ``a.b.c(...)`` or ``a.b.c``.
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+CALLED = re.compile(r"^([A-Za-z_][\w.]*)\(.*\)$")
+DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
+# A dotted name ending in one of these is a file name (the path check covers files).
+FILE_SUFFIXES = {
+    "py",
+    "pth",
+    "json",
+    "jsonl",
+    "yaml",
+    "yml",
+    "sh",
+    "png",
+    "md",
+    "toml",
+    "env",
+    "parquet",
+    "safetensors",
+}
+# Names the docs quote that are another project's although they look like this package's: bare calls of
+# upstream or builtin functions, and dotted names that start like one of this package's modules.
+OTHER_NAMES = {
+    "BitsAndBytesConfig": "transformers",
+    "KL": "a formula",
+    "LLM": "vLLM's LLM class",
+    "ceil": "math",
+    "check_version": "LLaMA-Factory's extras.misc",
+    "eigh": "torch.linalg",
+    "generate": "transformers' GenerationMixin",
+    "get_memory_footprint": "transformers' PreTrainedModel",
+    "min": "a builtin",
+    "named_modules": "torch's nn.Module",
+    "pipeline": "transformers",
+    "round": "a builtin",
+    "silu": "torch",
+    "sqrt": "math",
+    "data.converter": "LLaMA-Factory's data/converter.py",
+    "data.loader": "LLaMA-Factory's data/loader.py",
+    "data.parser": "LLaMA-Factory's data/parser.py",
+    "data.template": "LLaMA-Factory's data/template.py",
+    "hparams.parser.get_train_args": "LLaMA-Factory's hparams/parser.py",
+}
+
+
+def _other_project(name: str) -> bool:
+    """Whether ``OTHER_NAMES`` lists the name or a module path it starts with (``data.loader._load_single_dataset``)."""
+    return any(name == other or name.startswith(f"{other}.") for other in OTHER_NAMES)
+
+
+# Superseded runs name the code they ran, which later changed: their names are not checked.
+HISTORY = "docs/benchmarks-history.md"
+
+
+@cache
+def _package_tree() -> tuple[dict[str, str], dict[str, set[str]], dict[str, set[str]]]:
+    """From the package's source: class name -> module, module -> top-level names, class -> the names it
+    defines (methods, class attributes, ``self.x`` attributes)."""
+    classes, module_names, members = {}, {}, {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = module_names.setdefault(module, set())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.alias):
+                names.add((node.asname or node.name).split(".")[0])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, module)
+                owned = members.setdefault(node.name, set())
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef):
+                        owned.add(inner.name)
+                    elif isinstance(inner, ast.Name) and isinstance(inner.ctx, ast.Store):
+                        owned.add(inner.id)
+                    elif isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name):
+                        if inner.value.id == "self" and isinstance(inner.ctx, ast.Store):
+                            owned.add(inner.attr)
+    return classes, module_names, members
+
+
+def _defined_anywhere() -> set[str]:
+    _, module_names, _ = _package_tree()
+    return set().union(*module_names.values())
+
+
+def _top_level_parts() -> set[str]:
+    return {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if p.suffix == ".py" or p.is_dir()} - {"__init__"}
+
+
+def _exists(name: str) -> bool:
+    """Whether a dotted name of this package resolves: a class of it and its members, or a module path
+    and the names in it. Imports the module where it can (inherited members count); where it cannot (the
+    serving modules need vLLM) the source's definitions decide."""
+    classes, module_names, members = _package_tree()
+    parts = name.removeprefix("llamafactory_zebra.").split(".")
+    if parts[0] in classes:
+        module, rest = classes[parts[0]], parts
+    else:
+        module, rest = "llamafactory_zebra", parts
+        while rest and f"{module}.{rest[0]}" in module_names:
+            module, rest = f"{module}.{rest[0]}", rest[1:]
+    try:
+        target = importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name.startswith("llamafactory_zebra"):
+            return False
+        owner = module_names[module]
+        return not rest or (rest[0] in owner and all(member in members.get(rest[0], ()) for member in rest[1:2]))
+    for index, part in enumerate(rest):
+        if hasattr(target, part):
+            target = getattr(target, part)
+        elif isinstance(target, type) and index == len(rest) - 1 and part in members.get(target.__name__, ()):
+            return True  # an attribute set on instances (``self.x = ...``)
+        else:
+            return False
+    return True
+
+
+def missing_names(documents: dict[str, str], bare_calls: bool = True) -> list[str]:
+    """``file:line: name`` for each name of this package quoted in backticks that the package lacks.
+
+    A name is this package's when it is a call ``name(...)`` (unless ``OTHER_NAMES`` lists it), a dotted
+    name that starts at one of its classes, its top-level modules or subpackages, or ``llamafactory_zebra``,
+    or a ``Zebra…`` identifier. ``bare_calls=False`` leaves out ``name(...)`` (source code quotes its own
+    locals and upstream calls that way).
+    """
+    classes, _, _ = _package_tree()
+    defined, parts = _defined_anywhere(), _top_level_parts() | {"llamafactory_zebra"}
+    missing = []
+    for document, text in documents.items():
+        if document == HISTORY:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            for span in CODE_SPAN.finditer(line):
+                code = span.group(1).strip()
+                called = CALLED.match(code)
+                name = called.group(1) if called else code
+                if _other_project(name) or name.rsplit(".", 1)[-1] in FILE_SUFFIXES:
+                    continue
+                if DOTTED.match(name):
+                    head = name.split(".")[0]
+                    ours = head in parts or head in classes
+                    if ours and not _exists(name):
+                        missing.append(f"{document}:{number}: {name}")
+                elif re.fullmatch(r"[A-Za-z_]\w*", name) and ((called and bare_calls) or name.startswith("Zebra")):
+                    if name not in defined:
+                        missing.append(f"{document}:{number}: {name}")
+    return missing
+
+
+# Where the package's code points for a measured figure (they live in the docs, not in the code):
+# ``docs/benchmarks.md, "A section's heading"`` (the heading may be cut short, and wrapped over lines).
+SECTION_POINTER = re.compile(r"(docs/[\w.-]+\.md),\s+\"([^\"]+)\"")
+
+
+def broken_section_pointers(package: Path, root: Path) -> list[str]:
+    """``file: pointer`` for each section the code points to that its document has no heading for."""
+    broken = []
+    for path in sorted(package.rglob("*.py")):
+        text = " ".join(path.read_text(encoding="utf-8").split())  # one line: pointers wrap in docstrings
+        for document, heading in SECTION_POINTER.findall(text):
+            target = root / document
+            headings = (
+                [] if not target.exists() else re.findall(r"^#+ (.+)$", target.read_text(encoding="utf-8"), re.M)
+            )
+            if not any(h.startswith(heading.strip()) for h in headings):
+                broken.append(f'{path.relative_to(root)}: {document}, "{heading}"')
+    return broken
+
+
 def _documents() -> dict[str, str]:
     files = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     return {str(f.relative_to(REPO)): f.read_text(encoding="utf-8") for f in files}
+
+
+def _package_sources() -> dict[str, str]:
+    return {str(f.relative_to(REPO)): f.read_text(encoding="utf-8") for f in sorted(PACKAGE.rglob("*.py"))}
 
 
 def test_readme_layout_names_every_subpackage_and_top_level_module_and_nothing_else():
@@ -86,6 +274,47 @@ def test_every_quoted_repository_path_exists():
     assert not missing, "paths quoted in the docs that do not exist:\n" + "\n".join(missing)
 
 
+def test_every_quoted_name_of_the_package_exists():
+    missing = missing_names(_documents())
+    assert not missing, (
+        "names of llamafactory_zebra quoted in the docs that it does not have (another project's? add it to "
+        "OTHER_NAMES):\n" + "\n".join(missing)
+    )
+
+
+def test_every_path_and_dotted_name_the_package_quotes_exists():
+    """The package's docstrings and comments point at files and at each other's functions; both move."""
+    sources = _package_sources()
+    missing = missing_paths(sources, REPO) + missing_names(sources, bare_calls=False)
+    assert not missing, "paths and names quoted in the package's docstrings or comments that do not exist:\n" + (
+        "\n".join(missing)
+    )
+
+
+def test_a_renamed_function_method_or_module_is_reported():
+    """The name check on edited lines: a renamed method, module-level function, bare call and module."""
+    good = "`ZebraMLA.expand`, `released.checkpoint_layout(path)`, `packed_attention_kernel(name, device)`"
+    assert missing_names({"a.md": good}) == []
+    renamed = {
+        "ZebraMLA.expand": "ZebraMLA.expand_latents",
+        "released.checkpoint_layout": "released.layout_of",
+        "packed_attention_kernel": "packed_kernel",
+    }
+    for old, new in renamed.items():
+        assert missing_names({"a.md": good.replace(old, new)}) == [f"a.md:1: {new}"]
+    assert missing_names({"a.md": "`ops.no_such_module.function`"}) == ["a.md:1: ops.no_such_module.function"]
+    # In source code only dotted names count (``local(...)`` calls are the code's own business).
+    source = "``no_such_call(x)``, ``kernels.no_such_function``, ``data.loader._load_single_dataset``"
+    assert missing_names({"a.py": source}, bare_calls=False) == ["a.py:1: kernels.no_such_function"]
+    # Another project's names and instance attributes are not this package's.
+    assert missing_names({"a.md": "`model.generate(...)`, `torch.compile`, `data.loader`, `ZebraMLA.q_proj`"}) == []
+
+
+def test_every_section_the_code_points_to_exists():
+    broken = broken_section_pointers(PACKAGE, REPO)
+    assert not broken, "sections the code points to that the docs do not have:\n" + "\n".join(broken)
+
+
 def test_a_renamed_path_or_an_unlisted_module_is_reported():
     """The checks on edited copies: a quoted path renamed, a module dropped from or renamed in the layout."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
@@ -99,3 +328,15 @@ def test_a_renamed_path_or_an_unlisted_module_is_reported():
     parts = package_parts(PACKAGE)
     assert missing_from_layout(layout.replace("packing.py", ""), parts) == ["packing.py"]
     assert stale_in_layout(layout.replace("packing.py", "packed_rows.py"), PACKAGE) == ["packed_rows.py"]
+
+
+def test_a_pointer_to_a_renamed_section_is_reported(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "benchmarks.md").write_text("# Benchmarks\n\n## Decode speed (CPU)\n", encoding="utf-8")
+    package = tmp_path / "package"
+    package.mkdir()
+    code = package / "module.py"
+    code.write_text('"""Measured: docs/benchmarks.md,\n    "Decode speed"."""\n', encoding="utf-8")
+    assert broken_section_pointers(package, tmp_path) == []
+    code.write_text('"""Measured: docs/benchmarks.md, "Decode time"."""\n', encoding="utf-8")
+    assert broken_section_pointers(package, tmp_path) == ['package/module.py: docs/benchmarks.md, "Decode time"']

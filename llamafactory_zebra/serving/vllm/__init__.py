@@ -1,8 +1,9 @@
 """vLLM model plugin for Zebra checkpoints (MLA + Gated DeltaNet hybrids): ``vllm serve DIR`` / ``vllm.LLM(DIR)``.
 
 How it plugs in: ``pyproject.toml`` declares the ``vllm.general_plugins`` entry point ``zebra`` →
-:func:`register`, which vLLM calls in every process it starts. :func:`register` registers ``ZebraConfig``
-with transformers' ``AutoConfig`` (native checkpoints: ``model_type: zebra``), installs the config parser
+:func:`register`, which vLLM calls in every process it starts. Importing it imports ``llamafactory_zebra``,
+which registers ``ZebraConfig`` with transformers' ``AutoConfig`` (native checkpoints: ``model_type:
+zebra``); :func:`register` installs the config parser
 that reads AMD's released layout (Qwen3 ``config.json`` + ``hybrid_config.json``; why a parser under
 the name ``hf``: ``config_parser.py``), and registers the architecture ``ZebraForCausalLM`` with vLLM's
 ``ModelRegistry`` (lazily, by module path). No flag and no ``trust_remote_code`` is needed.
@@ -13,11 +14,12 @@ What runs where (``model.py``, ``mla.py``, ``gdn.py``):
 - GDN layers: vLLM's state slots (``MambaBase``), this project's conv / gated-delta-rule ops on them
   (PyTorch on CPU, fla's kernels on GPU — GPU not verified).
 - Verified on CPU (``tests_vllm/``, vLLM CPU 0.32): fp32 log-probs of every prompt and generated token
-  equal the transformers model's to 1.3e-5 (released head shapes at small width, 1-300-token prompts,
-  chunked prefill, a batch of mixed lengths = each prompt alone; every ``mla_norm``, both RoPE
-  conventions, YaRN with and without DeepSeek's mscale, ``q_lora_rank: null``, attention biases);
-  bf16, mean/max |Δ log-prob| against fp32: 0.036/0.28 on the released layout (transformers-bf16's own:
-  0.035/0.28), 0.020/0.10 on a native qk_head checkpoint (own: 0.021/0.11). Eager and the default ``torch.compile`` mode. Broken checkpoints are refused naming the key.
+  equal the transformers model's (released head shapes at small width, 1-300-token prompts, chunked
+  prefill, a batch of mixed lengths = each prompt alone; every ``mla_norm``, both RoPE conventions, YaRN
+  with and without DeepSeek's mscale, ``q_lora_rank: null``, attention biases); bf16 within a small
+  multiple of transformers-bf16's own error, on the released layout and a native checkpoint. The measured
+  errors: docs/benchmarks.md, "vLLM log-probs against the transformers model". Eager and the default
+  ``torch.compile`` mode. Broken checkpoints are refused naming the key.
 - LoRA adapters (``--enable-lora``, ``lora.py``): every linear layer, packed ones through
   ``packed_modules_mapping``; vLLM's CPU LoRA ops fixed for requests without an adapter (``seams.py``).
 - Not supported (refused at load, naming the option): tensor/pipeline parallelism, speculative decoding,
@@ -40,11 +42,10 @@ def register() -> None:
     from vllm import ModelRegistry
 
     from .amx import request_amx_tiles
-    from .config_parser import ARCHITECTURE, register_zebra_config
+    from .config_parser import ARCHITECTURE
     from .seams import install as install_vllm_seams
 
     request_amx_tiles()  # before any vLLM kernel runs in this process (amx.py)
-    register_zebra_config()
     install_vllm_seams()  # the fixes and the released layout's config parser (seams.py)
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, "llamafactory_zebra.serving.vllm.model:ZebraForCausalLM")

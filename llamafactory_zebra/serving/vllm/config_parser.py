@@ -1,7 +1,8 @@
 """How vLLM reads a Zebra checkpoint's configuration, in either layout.
 
 A native checkpoint's ``config.json`` says ``model_type: zebra``; vLLM's ``HFConfigParser`` hands it to
-transformers' ``AutoConfig``, which knows ``zebra`` once :func:`register_zebra_config` ran in the process.
+transformers' ``AutoConfig``, which knows ``zebra`` once the package is imported (``llamafactory_zebra``
+registers it, before this module's first line runs).
 
 AMD's released layout is a Qwen3 ``config.json`` plus ``hybrid_config.json``; read as it is, vLLM would
 build a plain Qwen3 and fail on the MLA/GDN weights. vLLM has exactly one mechanism for "this
@@ -19,18 +20,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoConfig, PreTrainedConfig
+from transformers import PreTrainedConfig
 from vllm.transformers_utils.config import HFConfigParser, register_config_parser
 
 from ...configuration_zebra import ZebraConfig
 from ...released import RELEASED_LAYOUT, checkpoint_layout, load_released_config
 
 ARCHITECTURE = "ZebraForCausalLM"
-
-
-def register_zebra_config() -> None:
-    """Teach transformers' ``AutoConfig`` the ``zebra`` model type (idempotent)."""
-    AutoConfig.register(ZebraConfig.model_type, ZebraConfig, exist_ok=True)
 
 
 def released_config(path: str) -> ZebraConfig:

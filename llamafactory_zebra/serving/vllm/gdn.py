@@ -193,8 +193,8 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         """The conv cache as ``[slots, C, W - 1]`` and the SSM cache as ``[slots, H, K, V]`` views.
 
         vLLM allocates the SSM slot as ``[H, V, K]``; only this layer reads it, so it is viewed (not
-        transposed) as ``[H, K, V]``, as vLLM's own CPU GDN layer does: the in-place decode step runs
-        a quarter faster on a state whose rows are contiguous in V.
+        transposed) as ``[H, K, V]``, as vLLM's own CPU GDN layer does: the in-place steps read and
+        write each state row contiguously in V.
         """
         conv_cache, ssm_cache = self.kv_cache
         conv_cache = conv_cache if is_conv_state_dim_first() else conv_cache.transpose(-1, -2)

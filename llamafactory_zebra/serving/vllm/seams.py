@@ -27,13 +27,14 @@ test without starting an engine, so a vLLM bump fails naming the changed name, n
    vLLM refuses for a Zebra model is named with its directory, the reason and the fix.
 3. Prompt chunks cut at a stale block size (CPU, prefix caching on). In ``align`` mode the scheduler ends
    prompt chunks where the GDN states are cached, reading ``cache_config.block_size``. The engine core
-   sets it to the KV cache's block size (1,664 tokens for the released head shapes in bf16), but after
-   the front-end handshake it re-runs ``VllmConfig.__post_init__``, and the CPU platform's
+   sets it to the KV cache's block size (sized so that a block's K/V bytes equal one GDN state's), but
+   after the front-end handshake it re-runs ``VllmConfig.__post_init__``, and the CPU platform's
    ``check_and_update_config`` resets a block size the user did not pass to its default, 128. Every
    prompt was then cut at its last multiple of 128 (a 256-token prompt ran as two 128-token chunks, each
-   a pass over its GDN states) while states are cached only at 1,664-token borders: same answers, more
-   work, and 11-12% of the serving benchmark's throughput. :func:`_split_at_the_mamba_block_size` puts
-   the block size of the KV cache's Mamba groups back before vLLM's split runs, for Zebra models only.
+   a pass over its GDN states) while states are cached only at the larger block's borders: same answers,
+   more work (what it cost the serving benchmark: docs/benchmarks-history.md).
+   :func:`_split_at_the_mamba_block_size` puts the block size of the KV cache's Mamba groups back before
+   vLLM's split runs, for Zebra models only.
 """
 
 from __future__ import annotations
