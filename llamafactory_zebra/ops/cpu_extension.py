@@ -38,9 +38,11 @@ HEADERS = (HERE / "cpu_values.h",)
 
 
 def _build_name() -> str:
-    """A name per CPU model and flags, torch, Python and the sources: the build is native code for one of each."""
+    """A name per CPU model and flags, torch, Python and the sources: the build is native code for one of each.
+    The sources' directory is part of it too: PyTorch's build file names each source by its path, so two
+    installs sharing one extension cache under one name would each rebuild what the other built."""
     code = "".join(source.read_text() for source in (*SOURCES, *HEADERS))
-    key = f"{cpu_identity()}|{torch.__version__}|{sys.version_info[:2]}|{code}"
+    key = f"{cpu_identity()}|{torch.__version__}|{sys.version_info[:2]}|{HERE}|{code}"
     return f"zebra_cpu_kernels_{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 

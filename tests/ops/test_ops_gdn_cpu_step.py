@@ -42,6 +42,12 @@ def test_the_extension_builds_on_this_machine():
     assert cpu_kernels() is not None
 
 
+def test_two_installs_of_the_sources_build_under_two_names(monkeypatch):
+    here = cpu_extension_module._build_name()
+    monkeypatch.setattr(cpu_extension_module, "HERE", cpu_extension_module.HERE.parent / "elsewhere")
+    assert cpu_extension_module._build_name() != here
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize(("heads", "key_dim", "value_dim"), [(6, 256, 512), (3, 7, 11), (2, 33, 65)])
 def test_kernel_matches_the_reference_and_leaves_other_slots_alone(heads, key_dim, value_dim, threads):
