@@ -215,27 +215,27 @@ def capacity(name: str, model_dir: Path, tokens: int, args, work: Path) -> tuple
     return int(found[1].replace(",", "")), float(found[3])
 
 
-def client_command(name: str, model_dir: Path, port: int, length: int, output_len: int, args) -> list[str]:
+def client_command(name: str, model_dir: Path, port: int, length: int, output_len: int, seed: int, args) -> list[str]:
+    """``vllm bench serve``: ``--num-prompts`` random prompts of ``length`` tokens at once, ``output_len`` out each."""
     client = [str(VLLM), "bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}"]
     client += ["--model", name, "--tokenizer", str(model_dir), "--dataset-name", "random"]
     client += ["--random-input-len", str(length), "--random-output-len", str(output_len)]
     client += ["--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.num_prompts)]
+    client += ["--request-rate", "inf", "--ignore-eos", "--seed", str(seed), "--disable-tqdm"]
     return client
 
 
 def warm_up(name: str, model_dir: Path, port: int, args, work: Path) -> None:
     """One unrecorded round of short prompts, as many at once as the measured runs send: a compiled server's
     first prefill and decode batches pay for compiling their shapes (docs/benchmarks.md, online serving)."""
-    client = client_command(name, model_dir, port, 256, 8, args)
-    client += ["--request-rate", "inf", "--ignore-eos", "--seed", "7", "--disable-tqdm"]
+    client = client_command(name, model_dir, port, 256, 8, 7, args)
     subprocess.run(client, check=True, timeout=args.client_timeout, cwd=work, stdout=subprocess.DEVNULL)
 
 
 def bench_once(name: str, model_dir: Path, port: int, length: int, repeat: int, args, work: Path) -> dict:
     filename = f"{name}-{length}-{repeat}.json"
-    client = client_command(name, model_dir, port, length, args.output_len, args)
     # A seed per (length, repeat): no prompt repeats or extends an earlier one, so the prefix cache never hits.
-    client += ["--request-rate", "inf", "--ignore-eos", "--seed", str(1000 * repeat + length), "--disable-tqdm"]
+    client = client_command(name, model_dir, port, length, args.output_len, 1000 * repeat + length, args)
     client += ["--percentile-metrics", METRICS, "--metric-percentiles", PERCENTILES]
     client += ["--save-result", "--result-dir", str(work), "--result-filename", filename]
     subprocess.run(client, check=True, timeout=args.client_timeout, cwd=work, stdout=subprocess.DEVNULL)
