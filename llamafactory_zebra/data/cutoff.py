@@ -29,18 +29,24 @@ def over_cutoff_message(dataset: Any, data_args: Any, template: Any, tokenizer: 
     """
     limit = data_args.cutoff_len
     checked = min(len(dataset), CHECKED_ROWS)
-    lengths = [row_length(template, tokenizer, dataset[index]) for index in range(checked)]
-    over = [index for index, length in enumerate(lengths) if length > limit]
+    rows = (dataset[index] for index in range(checked))
+    # Rows the processor itself drops (no single response, e.g. a prediction set) are not its to truncate.
+    lengths = {
+        index: row_length(template, tokenizer, row)
+        for index, row in enumerate(rows)
+        if len(row["_prompt"]) % 2 == 1 and len(row["_response"]) == 1
+    }
+    over = [index for index, length in lengths.items() if length > limit]
     if not over:
         return None
     packing = bool(data_args.packing)
     yaml_value = limit + int(packing)
-    needed = max(lengths) + int(packing)
+    needed = max(lengths.values()) + int(packing)
     held = f"{limit} tokens (cutoff_len {yaml_value}{', less the one token packing keeps' if packing else ''})"
     scope = f"{checked} rows" + (f" checked of {len(dataset)}" if checked < len(dataset) else "")
     return (
         f"{len(over)} of {scope} are longer than a training row holds, {held}; LLaMA-Factory truncates them "
         f"silently (rows {', '.join(map(str, over[:5]))}{', ...' if len(over) > 5 else ''}, up to "
-        f"{max(lengths)} tokens): what is cut off (a needle, an answer) is never trained. Set cutoff_len: {needed} "
+        f"{max(lengths.values())} tokens): what is cut off (a needle, an answer) is never trained. Set cutoff_len: {needed} "
         f"or shorten those rows; `llamafactory-zebra data inspect` reports them per dataset."
     )
