@@ -28,6 +28,9 @@ import time
 from pathlib import Path
 
 OUT = Path("saves/longctx")
+# The venv's own entry points, whether or not the venv is activated.
+BIN = Path(sys.executable).parent
+LLAMAFACTORY_CLI, ZEBRA_CLI = str(BIN / "llamafactory-cli"), str(BIN / "llamafactory-zebra")
 STAGES = ("examples/longctx/stage1_short_cpu.yaml", "examples/longctx/stage2_long_cpu.yaml")
 EVAL_ARGS = ["--depths", "3", "--max-new-tokens", "40"]  # as scripts/longctx_quickstart.sh runs eval-long
 
@@ -92,7 +95,7 @@ def infer_yaml(model: Path, template: str, path: Path) -> Path:
 
 def eval_long(infer: Path, output: Path, settings: dict) -> None:
     lengths = ",".join(str(n) for n in settings["lengths"])
-    run(["llamafactory-zebra", "eval-long", str(infer), "--tasks", ",".join(settings["tasks"]), "--lengths",
+    run([ZEBRA_CLI, "eval-long", str(infer), "--tasks", ",".join(settings["tasks"]), "--lengths",
          lengths, "--samples", str(settings["samples"]), "--output-dir", str(output), *EVAL_ARGS])  # fmt: skip
 
 
@@ -105,7 +108,7 @@ def throughput(model: Path, dense: bool, length: int, steps: int, scratch: Path)
     """Tokens/s over steps 2..N of stage 2's YAML at ``cutoff_len=length``, and the process's peak memory."""
     output = scratch / f"{'dense' if dense else 'zebra'}-{length}"
     overrides = dense_overrides(model, output) if dense else [f"model_name_or_path={model}", f"output_dir={output}"]
-    measured = run(["llamafactory-cli", "train", STAGES[1], *overrides, f"cutoff_len={length}", f"max_steps={steps}",
+    measured = run([LLAMAFACTORY_CLI, "train", STAGES[1], *overrides, f"cutoff_len={length}", f"max_steps={steps}",
                     "logging_steps=1", "plot_loss=false", "save_strategy=no"], check=False)  # fmt: skip
     if measured["exit_code"] != 0:  # e.g. killed for memory (-9): a result, not a reason to stop the table
         return {"tokens_per_s": None, **measured}
@@ -143,7 +146,7 @@ def main() -> int:
         model = dense_dir / "init"
         for index, stage in enumerate(STAGES, start=1):
             output = dense_dir / f"stage{index}"
-            run(["llamafactory-cli", "train", stage, *dense_overrides(model, output)])
+            run([LLAMAFACTORY_CLI, "train", stage, *dense_overrides(model, output)])
             model = output
         eval_long(infer_yaml(model, "qwen3", dense_dir / "infer_trained.yaml"), dense_dir / "eval_after", settings)
         reports |= {
