@@ -109,7 +109,7 @@ def throughput(model: Path, dense: bool, length: int, steps: int, scratch: Path)
     output = scratch / f"{'dense' if dense else 'zebra'}-{length}"
     overrides = dense_overrides(model, output) if dense else [f"model_name_or_path={model}", f"output_dir={output}"]
     measured = run([LLAMAFACTORY_CLI, "train", STAGES[1], *overrides, f"cutoff_len={length}", f"max_steps={steps}",
-                    "logging_steps=1", "plot_loss=false", "save_strategy=no"], check=False)  # fmt: skip
+                    "logging_steps=1", "plot_loss=false"], check=False)  # fmt: skip
     if measured["exit_code"] != 0:  # e.g. killed for memory (-9): a result, not a reason to stop the table
         return {"tokens_per_s": None, **measured}
     logs = [json.loads(line) for line in (output / "trainer_log.jsonl").read_text().splitlines()]
@@ -174,7 +174,8 @@ def main() -> int:
         print(
             f"{point['model']:<12} {point['length']:>6} {rate:>9} {point['peak_rss_mib']:>13.0f}  {point['exit_code']}"
         )
-    print(f"\nparameters: zebra {zebra_params:,}, dense qwen3 {dense_params:,}; dense recipe {recipe_seconds:.0f} s; "
+    recipe = "skipped" if args.skip_recipe else f"{recipe_seconds:.0f} s"
+    print(f"\nparameters: zebra {zebra_params:,}, dense qwen3 {dense_params:,}; dense recipe {recipe}; "
           f"threads {os.environ.get('OMP_NUM_THREADS', 'torch default')}")  # fmt: skip
     (dense_dir / "bench.json").write_text(
         json.dumps({"points": points, "params": [zebra_params, dense_params]}, indent=2)
