@@ -91,7 +91,32 @@ PRESETS: dict[str, dict[str, Any]] = {
         "bos_token_id": None,
         "eos_token_id": None,
     },
+    # The long-context quickstart's model: the released 1:3 MLA:GDN plan (a GDN layer before the MLA one: its
+    # short convolution hands each position its previous tokens), positions to 16K, and latent ranks as wide
+    # as the hidden size: ``tiny``'s 48/32-rank latents learn to copy far more slowly at this width.
+    "tiny-16k": {
+        "vocab_size": 1024,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 4,
+        "mla_layers": [1],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "q_lora_rank": 128,
+        "kv_lora_rank": 128,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 32,
+        "v_head_dim": 32,
+        "gdn_num_heads": 2,
+        "gdn_head_dim": 64,
+        "max_position_embeddings": 16384,
+        "bos_token_id": None,
+        "eos_token_id": None,
+    },
 }
+
+# Presets small enough for a CPU: ``init`` writes them without --allow-large, with the tiny tokenizer's vocab.
+CPU_PRESETS = ("tiny", "tiny-16k")
 
 # Overrides that replace the preset's layer plan rather than add to it.
 _PLAN_KEYS = ("layer_types", "layers_block_type", "mla_layers")

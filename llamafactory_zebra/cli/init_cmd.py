@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..presets import PRESETS, preset_name
+from ..presets import CPU_PRESETS, PRESETS, preset_name
 from .commands import SUBCOMMANDS
 
 LARGE_PRESET_PARAMETERS = 100_000_000
@@ -30,7 +30,7 @@ def write_random_model(preset: str, output_dir: str | Path, seed: int = 0, dtype
         "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
         "bos_token_id": None,
     }
-    if preset == "tiny":
+    if preset in CPU_PRESETS:
         overrides["vocab_size"] = len(tokenizer)
     elif len(tokenizer) > PRESETS[preset]["vocab_size"]:
         raise ValueError(f"tokenizer has {len(tokenizer)} tokens, more than preset {preset}'s vocab_size")
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if output.exists() and any(output.iterdir()) and not args.overwrite:
         print(f"error: {output} is not empty; pass --overwrite to replace its model files")
         return 2
-    if args.preset != "tiny" and not args.allow_large:
+    if args.preset not in CPU_PRESETS and not args.allow_large:
         print(f"error: preset {args.preset!r} has billions of parameters; pass --allow-large to write it anyway")
         return 2
     path = write_random_model(args.preset, output, seed=args.seed, dtype=args.dtype)
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("init", help=SUBCOMMANDS["init"].help)
     parser.add_argument(
-        "preset", help=f"one of: {', '.join(sorted(PRESETS))} (tiny for CPU work; AMD's HyLo names work too)"
+        "preset", help=f"one of: {', '.join(sorted(PRESETS))} (tiny, tiny-16k for CPU work; AMD's HyLo names work too)"
     )
     parser.add_argument("output_dir")
     parser.add_argument("--seed", type=int, default=0)

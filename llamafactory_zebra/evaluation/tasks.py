@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from .haystack import Haystack, HaystackTooShort
 
@@ -27,8 +28,13 @@ Measure = Callable[["Sample"], int]
 MATCH_ALL = "string_match_all"
 MATCH_PART = "string_match_part"
 
-_CONSONANTS = "bcdfghjklmnprstvz"
-_VOWELS = "aeiou"
+PSEUDO_WORD_CONSONANTS = "bcdfghjklmnprstvz"
+PSEUDO_WORD_VOWELS = "aeiou"
+# variable_tracking's names (``VAR ABCDE = 12345``): this many of these letters.
+VARIABLE_LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+VARIABLE_NAME_LENGTH = 5
+
+Fitted = TypeVar("Fitted")
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,7 @@ class TaskOptions:
 
 def pseudo_word(rng: random.Random, syllables: int = 3) -> str:
     """A pronounceable nonsense word: keys, variable-free names and places no model has memorised."""
-    return "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(syllables))
+    return "".join(rng.choice(PSEUDO_WORD_CONSONANTS) + rng.choice(PSEUDO_WORD_VOWELS) for _ in range(syllables))
 
 
 def _number(rng: random.Random, digits: int) -> str:
@@ -82,8 +88,8 @@ def insert_at_depths(sentences: list[str], inserts: Sequence[tuple[float, str]])
     return " ".join(placed)
 
 
-def fit(build: Callable[[int], Sample], length: int, measure: Measure) -> Sample:
-    """The longest sample whose prompt stays within ``length`` tokens.
+def fit(build: Callable[[int], Fitted], length: int, measure: Callable[[Fitted], int], what: str) -> Fitted:
+    """The longest sample (``what``, for the error) whose prompt stays within ``length`` tokens.
 
     ``build(budget)`` makes a sample with about ``budget`` tokens of filler; the guess is corrected with
     the measured overshoot until the encoded prompt fits (BPE merges across sentence borders make the
@@ -99,7 +105,7 @@ def fit(build: Callable[[int], Sample], length: int, measure: Measure) -> Sample
         if budget <= 0:
             break
     raise HaystackTooShort(
-        f"{sample.task}: the question and needles alone take more than {length} tokens; use a larger length"
+        f"{what}: the question and needles alone take more than {length} tokens; use a larger length"
     )
 
 
@@ -116,7 +122,7 @@ def fill_haystack(
         rng.setstate(state)
         return replace(template, context=insert_at_depths(haystack.take(budget, rng), inserts))
 
-    return fit(build, template.length, measure)
+    return fit(build, template.length, measure, template.task)
 
 
 def _needle(key: str, value: str) -> str:
@@ -176,7 +182,7 @@ def variable_tracking(length, index, depth, rng, haystack, measure, options) -> 
     for chain in range(options.tracking_chains):
         names = []
         while len(names) < options.tracking_hops + 1:
-            name = "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5))
+            name = "".join(rng.choice(VARIABLE_LETTERS) for _ in range(VARIABLE_NAME_LENGTH))
             if name not in used:
                 used.add(name)
                 names.append(name)

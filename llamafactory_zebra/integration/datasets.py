@@ -19,6 +19,9 @@ Seams (module → name, parameters relied on):
 - ``data.loader._load_single_dataset(dataset_attr, model_args, data_args, training_args)``: an empty file,
   a file that ``datasets`` cannot load, or rows the guard refused, become one error naming the dataset,
   file, row, line and field (``data/row_policy.py``), unless the entry sets ``"skip_invalid_rows": true``.
+- ``data.loader._get_preprocessed_dataset(dataset, data_args, training_args, stage, template, tokenizer,
+  processor, is_eval)``: SFT rows longer than ``cutoff_len``, which upstream truncates silently, are counted
+  and warned about before tokenisation, naming the fix (``data/cutoff.py``).
 - ``webui.common.load_dataset_info(dataset_dir)``: the dataset dropdown.
 """
 
@@ -203,6 +206,28 @@ def named_row_errors(module: ModuleType) -> Any:
     return zebra_load_single_dataset
 
 
+def truncation_warning(module: ModuleType) -> Any:
+    """Supervised rows longer than ``cutoff_len`` are named before tokenisation truncates them."""
+    from ..data.cutoff import over_cutoff_message
+    from ..data.stages import SUPERVISED
+
+    get_preprocessed_dataset = original(module, "_get_preprocessed_dataset")
+
+    @functools.wraps(get_preprocessed_dataset)
+    def zebra_get_preprocessed_dataset(
+        dataset, data_args, training_args, stage, template, tokenizer, processor=None, is_eval=False
+    ):
+        if dataset is not None and stage == SUPERVISED and not data_args.streaming:
+            message = over_cutoff_message(dataset, data_args, template, tokenizer)
+            if message is not None:
+                module.logger.warning_rank0(message)
+        return get_preprocessed_dataset(
+            dataset, data_args, training_args, stage, template, tokenizer, processor, is_eval
+        )
+
+    return zebra_get_preprocessed_dataset
+
+
 def registry_dataset_dropdown(module: ModuleType) -> Any:
     """The web UI's dataset dropdown lists the user's datasets, then the registry's."""
     load_dataset_info = original(module, "load_dataset_info")
@@ -229,6 +254,9 @@ SEAMS = (
     Seam("llamafactory.data.loader", "_get_merged_dataset",
          ("dataset_names", "model_args", "data_args", "training_args", "stage", "return_dict"),
          wrapper=stage_checked_datasets),
+    Seam("llamafactory.data.loader", "_get_preprocessed_dataset",
+         ("dataset", "data_args", "training_args", "stage", "template", "tokenizer", "processor", "is_eval"),
+         wrapper=truncation_warning),
     Seam("llamafactory.webui.common", "load_dataset_info", ("dataset_dir",), wrapper=registry_dataset_dropdown),
 )  # fmt: skip
 

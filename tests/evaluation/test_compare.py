@@ -1,0 +1,40 @@
+"""eval-long reports side by side: every cell of the first report, a column per report, gaps shown."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llamafactory_zebra.evaluation.compare import comparison_table, main
+
+
+def _report(scores):
+    return {"scores": scores}
+
+
+def test_rows_are_task_by_length_and_columns_the_reports():
+    table = comparison_table(
+        {
+            "before": _report({"niah_single": {"1024": 0.0, "16384": 0.0}, "variable_tracking": {"1024": 20.0}}),
+            "after": _report({"niah_single": {"1024": 93.3, "16384": None}}),
+        }
+    )
+    lines = table.splitlines()
+    assert lines[0].split() == ["task", "length", "before", "after"]
+    assert lines[1].split() == ["niah_single", "1K", "0.0", "93.3"]
+    assert lines[2].split() == ["niah_single", "16K", "0.0", "-"]
+    assert lines[3].split() == ["variable_tracking", "1K", "20.0", "-"]
+
+
+def test_cli_names_a_missing_report_and_the_label_format(tmp_path, capsys):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "report.json").write_text(json.dumps(_report({"niah_single": {"1024": 50.0}})))
+    assert main([f"x={tmp_path / 'a'}"]) == 0
+    assert "niah_single  1K" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main([f"y={tmp_path / 'missing'}"])
+    assert "no eval-long report" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "a")])
+    assert "LABEL=PATH" in capsys.readouterr().err
