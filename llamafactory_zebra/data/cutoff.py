@@ -39,14 +39,15 @@ def over_cutoff_message(dataset: Any, data_args: Any, template: Any, tokenizer: 
     over = [index for index, length in lengths.items() if length > limit]
     if not over:
         return None
+    longest = max(lengths.values())
     packing = bool(data_args.packing)
     yaml_value = limit + int(packing)
-    needed = max(lengths.values()) + int(packing)
+    needed = longest + int(packing)
     held = f"{limit} tokens (cutoff_len {yaml_value}{', less the one token packing keeps' if packing else ''})"
     scope = f"{checked} rows" + (f" checked of {len(dataset)}" if checked < len(dataset) else "")
     return (
         f"{len(over)} of {scope} are longer than a training row holds, {held}; LLaMA-Factory truncates them "
         f"silently (rows {', '.join(map(str, over[:5]))}{', ...' if len(over) > 5 else ''}, up to "
-        f"{max(lengths.values())} tokens): what is cut off (a needle, an answer) is never trained. Set cutoff_len: {needed} "
+        f"{longest} tokens): what is cut off (a needle, an answer) is never trained. Set cutoff_len: {needed} "
         f"or shorten those rows; `llamafactory-zebra data inspect` reports them per dataset."
     )
