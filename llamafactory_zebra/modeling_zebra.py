@@ -59,6 +59,14 @@ def _liger_loaded() -> str:
 FUSED_LOSS_KEYS = {LIGER: _liger_loaded, CHUNKED: lambda: CHUNKED, LOGITS: lambda: LOGITS}
 
 
+# What to do about a missing weight that has one usual cause (``ZebraPreTrainedModel.from_pretrained``).
+MISSING_KEY_FIXES = {
+    "lm_head.weight": "A Zebra's lm_head is untied (tie_word_embeddings: false) and is not initialised at random: "
+    "save the checkpoint with its lm_head.weight — for a source whose embeddings were tied, a copy of "
+    "model.embed_tokens.weight, as `llamafactory-zebra convert` writes it",
+}
+
+
 class ZebraMLP(nn.Module):
     def __init__(self, config: ZebraConfig) -> None:
         super().__init__()
@@ -292,7 +300,10 @@ class ZebraPreTrainedModel(PreTrainedModel):
           translates (transformers would read its ``config.json`` as the Qwen3 it describes); keyword
           arguments that are config fields (``use_cache=False``…) go into that config, as they would
           into a native one.
-        - Weights that do not match the layer plan are an error, not a warning.
+        - Weights that do not match the layer plan are an error, not a warning: transformers would initialise
+          a missing tensor at random (its common tests expect that of a missing ``lm_head.weight``), which
+          for a checkpoint only shows up as a model that writes noise. The message names the keys and, for
+          a missing head, the fix (:data:`MISSING_KEY_FIXES`).
         """
         if config is None and checkpoint_layout(pretrained_model_name_or_path) == RELEASED_LAYOUT:
             fields = {field.name for field in dataclasses.fields(ZebraConfig)} - {"dtype"}
@@ -307,7 +318,12 @@ class ZebraPreTrainedModel(PreTrainedModel):
             details = "; ".join(
                 f"{kind} ({len(keys)}): {', '.join(map(str, keys[:8]))}" for kind, keys in problems.items() if keys
             )
-            raise ValueError(f"{pretrained_model_name_or_path}: weights do not match the Zebra config: {details}")
+            fixes = "".join(
+                f". {MISSING_KEY_FIXES[key]}" for key in problems["missing_keys"] if key in MISSING_KEY_FIXES
+            )
+            raise ValueError(
+                f"{pretrained_model_name_or_path}: weights do not match the Zebra config: {details}{fixes}"
+            )
         return (model, info) if want_info else model
 
     @torch.no_grad()
