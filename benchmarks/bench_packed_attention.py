@@ -49,7 +49,7 @@ def measure(kind: str, length: int, segments: int, heads: int, kv_heads: int) ->
         inputs = {"attention_mask": block_causal_mask(segment_ids)}
     else:
         inputs = flash_varlen_kwargs(segment_ids)
-    output = layer(hidden, position_embeddings=(cos, sin), **inputs)
+    output, _ = layer(hidden, position_embeddings=(cos, sin), **inputs)
     objective = (output * upstream).sum()
     objective.backward()
     elapsed = time.perf_counter() - start

@@ -33,7 +33,7 @@ from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
-from .attention_policy import BORDER_KERNELS, PACKED_FLASH_VARLEN
+from .attention_policy import BORDER_KERNELS, EAGER, PACKED_FLASH_VARLEN
 from .configuration_zebra import MLA, ZebraConfig
 from .kernels import LOSS, Call, KernelLoadError, detect_stack, packed_attention_kernel, run
 from .layers.gated_deltanet import ZebraGatedDeltaNet, ZebraShortConv, gdn_decay_init
@@ -57,6 +57,14 @@ def _liger_loaded() -> str:
 
 # The registry's ``loss`` keys → the key ``fused_causal_lm_loss`` takes (Liger's after its import check).
 FUSED_LOSS_KEYS = {LIGER: _liger_loaded, CHUNKED: lambda: CHUNKED, LOGITS: lambda: LOGITS}
+
+
+# What to do about a missing weight that has one usual cause (``ZebraPreTrainedModel.from_pretrained``).
+MISSING_KEY_FIXES = {
+    "lm_head.weight": "A Zebra's lm_head is untied (tie_word_embeddings: false) and is not initialised at random: "
+    "save the checkpoint with its lm_head.weight — for a source whose embeddings were tied, a copy of "
+    "model.embed_tokens.weight, as `llamafactory-zebra convert` writes it",
+}
 
 
 class ZebraMLP(nn.Module):
@@ -237,7 +245,7 @@ class ZebraDecoderLayer(GradientCheckpointingLayer):
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
         if self.layer_type == MLA:
-            hidden_states = self.mla(
+            hidden_states, _ = self.mla(
                 hidden_states,
                 position_embeddings=position_embeddings,
                 attention_mask=attention_mask,
@@ -269,10 +277,12 @@ class ZebraPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_attention_backend = True
     _is_stateful = True
-    # ``output_hidden_states=True`` (argument or config) records each decoder layer's input and output
-    # through transformers' own hooks (``capture_outputs`` on ``ZebraModel.forward``), as Qwen3 does:
-    # embeddings + every layer's output, the last one replaced by the output of the final norm.
-    _can_record_outputs = {"hidden_states": ZebraDecoderLayer}
+    # ``output_hidden_states=True`` / ``output_attentions=True`` (argument or config) record through
+    # transformers' own hooks (``capture_outputs`` on ``ZebraModel.forward``), as Qwen3-Next does:
+    # hidden states are the embeddings + every layer's output, the last one replaced by the output of the
+    # final norm; attentions are the weights each MLA layer returns, ``[B, heads, queries, keys]``, one per
+    # MLA layer in layer order (GDN layers have no attention weights and add nothing).
+    _can_record_outputs = {"hidden_states": ZebraDecoderLayer, "attentions": ZebraMLA}
     # GDN's per-head gate projections (``a_proj`` -> decay, ``b_proj`` -> beta: one output per GDN head, 6 in
     # the released models) keep their precision: fp32 when a model loads in fp16, and never quantised
     # (transformers' quantizers leave this list unconverted). Their errors pass through exp/softplus/sigmoid
@@ -290,7 +300,10 @@ class ZebraPreTrainedModel(PreTrainedModel):
           translates (transformers would read its ``config.json`` as the Qwen3 it describes); keyword
           arguments that are config fields (``use_cache=False``…) go into that config, as they would
           into a native one.
-        - Weights that do not match the layer plan are an error, not a warning.
+        - Weights that do not match the layer plan are an error, not a warning: transformers would initialise
+          a missing tensor at random (its common tests expect that of a missing ``lm_head.weight``), which
+          for a checkpoint only shows up as a model that writes noise. The message names the keys and, for
+          a missing head, the fix (:data:`MISSING_KEY_FIXES`).
         """
         if config is None and checkpoint_layout(pretrained_model_name_or_path) == RELEASED_LAYOUT:
             fields = {field.name for field in dataclasses.fields(ZebraConfig)} - {"dtype"}
@@ -305,7 +318,12 @@ class ZebraPreTrainedModel(PreTrainedModel):
             details = "; ".join(
                 f"{kind} ({len(keys)}): {', '.join(map(str, keys[:8]))}" for kind, keys in problems.items() if keys
             )
-            raise ValueError(f"{pretrained_model_name_or_path}: weights do not match the Zebra config: {details}")
+            fixes = "".join(
+                f". {MISSING_KEY_FIXES[key]}" for key in problems["missing_keys"] if key in MISSING_KEY_FIXES
+            )
+            raise ValueError(
+                f"{pretrained_model_name_or_path}: weights do not match the Zebra config: {details}{fixes}"
+            )
         return (model, info) if want_info else model
 
     @torch.no_grad()
@@ -353,9 +371,18 @@ class ZebraModel(ZebraPreTrainedModel):
         """``hidden_states`` (with ``output_hidden_states``) follow the tokens this call sees: the new tokens
         when decoding with a cache, this rank's shard of every row under sequence parallelism (as
         ``last_hidden_state`` and the logits do); packed rows need no special case, each position's states
-        are those of its own sample."""
+        are those of its own sample.
+
+        ``attentions`` (with ``output_attentions``, argument or config) hold one ``[B, heads, queries, keys]``
+        map per MLA layer, over the keys this call reads (the cached ones too when decoding). Whatever
+        ``attn_implementation`` is selected, a call that asks for them runs its MLA layers on eager attention
+        (sdpa and FlashAttention form no weights; ``layers/mla.py``) or, when decoding from a cache, on the
+        absorbed path, whose weights are exact. Packed rows then take the dense block-causal mask instead of
+        the samples' borders: each sample's map is its own causal block, with zero weight across borders.
+        Not with sequence parallelism (each rank holds a share of the heads of whole rows)."""
         inputs_embeds = self._embed(input_ids, inputs_embeds)
-        self._check_cache_and_sequence_parallel(past_key_values, position_ids)
+        output_attentions = bool(kwargs.pop("output_attentions", self.config.output_attentions))
+        self._check_cache_and_sequence_parallel(past_key_values, position_ids, output_attentions)
         batch, length = inputs_embeds.shape[:2]
         if position_ids is None:
             past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
@@ -366,7 +393,7 @@ class ZebraModel(ZebraPreTrainedModel):
         if past_key_values is None and segment_ids is None and self._wants_cache(use_cache):
             past_key_values = ZebraHybridCache(self.config)
         mixer_inputs = self._mixer_inputs(
-            inputs_embeds, attention_mask, position_ids, past_key_values, segment_ids, sp_context
+            inputs_embeds, attention_mask, position_ids, past_key_values, segment_ids, sp_context, output_attentions
         )
 
         hidden_states = inputs_embeds
@@ -387,7 +414,7 @@ class ZebraModel(ZebraPreTrainedModel):
         return self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
 
     def _check_cache_and_sequence_parallel(
-        self, past_key_values: Cache | None, position_ids: torch.Tensor | None
+        self, past_key_values: Cache | None, position_ids: torch.Tensor | None, output_attentions: bool
     ) -> None:
         if past_key_values is not None and not isinstance(past_key_values, ZebraHybridCache):
             raise TypeError(
@@ -398,6 +425,8 @@ class ZebraModel(ZebraPreTrainedModel):
                 "with sequence parallelism the model needs the shard's position_ids "
                 "(llamafactory_zebra.parallel.shard_batch) and cannot decode with a cache"
             )
+        if self.sequence_parallel is not None and output_attentions:
+            raise ValueError("output_attentions is not supported with sequence parallelism")
 
     def _wants_cache(self, use_cache: bool | None) -> bool:
         """A new cache for an unpacked, single-process forward that asked for one (inference by default)."""
@@ -429,6 +458,7 @@ class ZebraModel(ZebraPreTrainedModel):
         past_key_values: Cache | None,
         segment_ids: torch.Tensor | None,
         sp_context: SequenceParallelContext | None,
+        output_attentions: bool = False,
     ) -> dict[str, Any]:
         """The per-mixer inputs every layer gets, built once per forward (as ``Qwen3NextModel`` builds its
         causal and linear-attention masks):
@@ -438,7 +468,9 @@ class ZebraModel(ZebraPreTrainedModel):
           for packed rows on FlashAttention or sdpa, the samples' borders as FlashAttention's varlen
           arguments (``cu_seq_lens_q/k``), with no mask: ``kernels.packed_attention_kernel`` (the
           registry's ``attention`` op) names the kernel that reads them;
-        - both, under sequence parallelism: ``sp_context``, whose mixers exchange what crosses shards.
+        - both, under sequence parallelism: ``sp_context``, whose mixers exchange what crosses shards;
+        - MLA, ``output_attentions``: the attention maps are wanted, so packed rows get the block-causal mask
+          (eager's) rather than borders, which no kernel that returns weights reads.
         """
         if segment_ids is None:
             padding_mask = None
@@ -451,13 +483,23 @@ class ZebraModel(ZebraPreTrainedModel):
                 past_key_values=past_key_values,
                 position_ids=position_ids,
             )
-            return {"attention_mask": causal_mask, "cu_seqlens": None, "padding_mask": padding_mask}
-        inputs = {"attention_mask": None, "padding_mask": (segment_ids != 0).to(inputs_embeds.dtype)}
+            return {
+                "attention_mask": causal_mask,
+                "cu_seqlens": None,
+                "padding_mask": padding_mask,
+                "output_attentions": output_attentions,
+            }
+        inputs = {
+            "attention_mask": None,
+            "padding_mask": (segment_ids != 0).to(inputs_embeds.dtype),
+            "output_attentions": output_attentions,
+        }
         if sp_context is not None:
             inputs.update(cu_seqlens=sp_context.cu_seqlens, sp_context=sp_context)
             return inputs
         inputs["cu_seqlens"] = cu_seqlens_from_segment_ids(segment_ids)
-        kernel = packed_attention_kernel(self.config._attn_implementation, inputs_embeds.device.type)
+        implementation = EAGER if output_attentions else self.config._attn_implementation
+        kernel = packed_attention_kernel(implementation, inputs_embeds.device.type)
         if kernel == PACKED_FLASH_VARLEN:
             inputs.update(flash_varlen_kwargs(segment_ids))
         elif attention_mask is not None and attention_mask.dim() == 4:
@@ -512,7 +554,11 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
         if head_loss_fn is not None:
             loss = head_loss_fn(hidden_states, self.lm_head.weight)
             return CausalLMOutputWithPast(
-                loss=loss, logits=None, past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states
+                loss=loss,
+                logits=None,
+                past_key_values=outputs.past_key_values,
+                hidden_states=outputs.hidden_states,
+                attentions=outputs.attentions,
             )
         if self.fused_cross_entropy is not None and self.training and labels is not None:
             loss = fused_causal_lm_loss(
@@ -524,7 +570,11 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
                 shift_labels=kwargs.get("shift_labels"),
             )
             return CausalLMOutputWithPast(
-                loss=loss, logits=None, past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states
+                loss=loss,
+                logits=None,
+                past_key_values=outputs.past_key_values,
+                hidden_states=outputs.hidden_states,
+                attentions=outputs.attentions,
             )
         slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(hidden_states[:, slice_indices, :])
@@ -532,7 +582,11 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
         return CausalLMOutputWithPast(
-            loss=loss, logits=logits, past_key_values=outputs.past_key_values, hidden_states=outputs.hidden_states
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
         )
 
     def enable_tiled_mlp(self, tiles: int = AUTO) -> None:

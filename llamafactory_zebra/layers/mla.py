@@ -56,6 +56,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging
 
 from ..attention_policy import (
     EAGER,
@@ -74,6 +75,8 @@ from ..rope import mla_softmax_scale
 from . import mla_decode
 from .flash_attention import flash_attention_forward
 from .norms import ZebraRMSNorm
+
+logger = logging.get_logger(__name__)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -287,7 +290,10 @@ class ZebraMLA(nn.Module):
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         **kwargs,
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The mixer's output ``[B, T, hidden]`` and, as transformers' attention modules return them, the
+        attention weights ``[B, heads, T, keys]`` (``None`` unless the call runs eager attention or reads a
+        latent cache: what ``output_attentions`` records, see :func:`mla_attention_function`)."""
         batch, length, _ = hidden_states.shape
         cos, sin = position_embeddings
         sp_context = kwargs.pop("sp_context", None)
@@ -306,8 +312,11 @@ class ZebraMLA(nn.Module):
             latent, rope_entry = past_key_values.update(latent, rope_entry, self.layer_idx)
 
         packed = "cu_seq_lens_q" in kwargs or sp_context is not None
-        attention_interface = mla_attention_function(self, query, cached, packed, sp_context, cache_path)
-        output = attention_interface(
+        output_attentions = bool(kwargs.get("output_attentions", False))
+        attention_interface = mla_attention_function(
+            self, query, cached, packed, sp_context, cache_path, output_attentions
+        )
+        output, weights = attention_interface(
             self,
             query,
             latent,
@@ -318,7 +327,7 @@ class ZebraMLA(nn.Module):
             scaling=self.scaling,
             **kwargs,
         )
-        return self.out_proj(output.reshape(batch, length, -1))
+        return self.out_proj(output.reshape(batch, length, -1)), weights
 
 
 # The forward keyword that picks how a call with earlier tokens in the cache attends: LATENT (the default:
@@ -339,30 +348,63 @@ def expanded_attention(
     kernel: Callable,
     new_kv: torch.Tensor | None = None,
     **kwargs,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The stock path: the latents expanded to keys and values (``kv_b_proj``, ``ZebraMLA.expand``), then
-    ``kernel`` (a transformers attention function): ``[B, q, heads, v]``. ``new_kv`` is ``kv_b_proj`` of
-    ``latent`` when the caller already computed it (no earlier tokens: the latent is the new tokens')."""
+    ``kernel`` (a transformers attention function): ``[B, q, heads, v]`` and the kernel's weights (eager's,
+    else ``None``). ``new_kv`` is ``kv_b_proj`` of ``latent`` when the caller already computed it (no
+    earlier tokens: the latent is the new tokens')."""
     kv = module.kv_b_proj(latent.squeeze(1)) if new_kv is None else new_kv
     key, value = module.expand(kv, rope_entry)
-    output, _ = kernel(module, query, key, value, attention_mask, **kwargs)
-    return output
+    return kernel(module, query, key, value, attention_mask, **kwargs)
 
 
-def expanded_attention_kernel(module: ZebraMLA, packed: bool, query: torch.Tensor) -> Callable:
+def eager_attention_for_maps(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`eager_attention_forward` on the mask another implementation was handed, for a call that asks for
+    the attention maps (``output_attentions``) while sdpa, FlashAttention or another kernel without weights is
+    selected.
+
+    Those kernels never form the weights (transformers' own sdpa and FlashAttention functions warn and return
+    ``None``), so such a call runs eager instead, as transformers 4's sdpa attention classes did: the maps
+    exist whatever the model was loaded with, at eager's ``T x T`` cost for that call only. The mask is read
+    as :func:`mla_decode.decode_visibility` reads it: sdpa's boolean ``[B, 1, q, k]`` mask or ``None``
+    (causal, nothing padded), FlashAttention's ``[B, k]`` padding mask.
+    """
+    batch, _, queries, _ = query.shape
+    visible = mla_decode.decode_visibility(attention_mask, batch, queries, key.shape[2], query.device)
+    return eager_attention_forward(module, query, key, value, visible[:, None], **kwargs)
+
+
+def expanded_attention_kernel(
+    module: ZebraMLA, packed: bool, query: torch.Tensor, output_attentions: bool = False
+) -> Callable:
     """The kernel that attends over expanded keys and values for this call: for packed rows the kernel
     registry's choice (``kernels.packed_attention_kernel``: FlashAttention varlen, flex or per-sample sdpa
-    on the samples' borders, or the dense mask with the model's own function), else FlashAttention or
-    transformers' registered function for the model's ``attn_implementation``."""
+    on the samples' borders, or the dense mask with the model's own function), else eager, then — for a call
+    that asks for the attention maps — :func:`eager_attention_for_maps`, else FlashAttention or transformers'
+    registered function for the model's ``attn_implementation``. (Packed rows that ask for the maps reach
+    this function unpacked: the model hands them the dense block-causal mask instead of the borders.)"""
     implementation = module.config._attn_implementation
     if packed:
         function = PACKED_ATTENTION_FUNCTIONS[packed_attention_kernel(implementation, query.device.type)]
         if function is not None:
             return function
-    if implementation in FLASH_ATTENTION_BACKENDS:
-        return flash_attention_forward
     if implementation in (None, EAGER):
         return eager_attention_forward
+    if output_attentions:
+        logger.warning_once(
+            f"output_attentions=True: the MLA layers of calls that ask for attention maps run eager attention "
+            f"(attn_implementation={implementation!r} forms no attention weights)"
+        )
+        return eager_attention_for_maps
+    if implementation in FLASH_ATTENTION_BACKENDS:
+        return flash_attention_forward
     return ALL_ATTENTION_FUNCTIONS[implementation]
 
 
@@ -373,19 +415,25 @@ def mla_attention_function(
     packed: bool,
     sp_context: SequenceParallelContext | None = None,
     cache_path: str = LATENT,
+    output_attentions: bool = False,
 ) -> Callable:
     """The attention function of one call, chosen here only (see the module docstring): with earlier tokens
     in the cache (``cached``) the absorbed decode for a few queries, else one key head at a time (but on
     FlashAttention); otherwise, and for ``cache_path=EXPAND``, :func:`expanded_attention` on the kernel
     :func:`expanded_attention_kernel` picks (wrapped for Ulysses under sequence parallelism). Every function
-    returned takes ``(module, query, latent, rope_entry, attention_mask, **kwargs)``."""
+    returned takes ``(module, query, latent, rope_entry, attention_mask, **kwargs)`` and returns the output
+    and the attention weights ``[B, heads, q, keys]`` or ``None``.
+
+    Where ``output_attentions`` gets its maps: the absorbed decode computes the exact softmax weights over the
+    cached latents in every call, and returns them; every other path runs an eager kernel for a call that
+    asks for them (:func:`expanded_attention_kernel`), on whatever ``attn_implementation`` was selected."""
     if cache_path not in CACHE_PATHS:
         raise ValueError(f"{CACHE_PATH_KEYWORD}={cache_path!r}: use one of {', '.join(CACHE_PATHS)}")
     latent_cache = cached and cache_path == LATENT
     if latent_cache and query.shape[2] <= mla_decode.ABSORBED_DECODE_MAX_QUERIES:
         return mla_decode.absorbed_attention
-    kernel = expanded_attention_kernel(module, packed, query)
-    if latent_cache and kernel is not flash_attention_forward:
+    kernel = expanded_attention_kernel(module, packed, query, output_attentions)
+    if latent_cache and module.config._attn_implementation not in FLASH_ATTENTION_BACKENDS:
         return functools.partial(mla_decode.attention_by_key_head, kernel=kernel)
     if sp_context is not None:
         kernel = ulysses_attention(sp_context, kernel, module.config._attn_implementation)

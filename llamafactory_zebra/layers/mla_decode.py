@@ -15,10 +15,11 @@ latents as they are:
   head at a time into the layer's own attention kernel.
 
 Both are attention functions as transformers writes them (the module first, the query, what the keys come
-from, the mask), returning ``[B, q, heads, v]`` or ``[B, q, heads · v]``; ``mla.mla_attention_function``
-chooses among them and the stock path. Both read ``kv_b_proj``'s matrix through :func:`up_projection` (so
-a LoRA adapter and ZeRO-3 apply); :func:`decode_visibility` turns the masks the model hands its attention
-functions into the booleans the absorbed path applies.
+from, the mask), returning ``[B, q, heads, v]`` or ``[B, q, heads · v]`` and the attention weights
+(``output_attentions``); ``mla.mla_attention_function`` chooses among them and the stock path. Both read
+``kv_b_proj``'s matrix through :func:`up_projection` (so a LoRA adapter and ZeRO-3 apply);
+:func:`decode_visibility` turns the masks the model hands its attention functions into the booleans the
+absorbed path (and ``mla.eager_attention_for_maps``) applies.
 """
 
 from __future__ import annotations
@@ -59,12 +60,15 @@ def absorbed_attention(
     rope_entry: torch.Tensor,
     attention_mask: torch.Tensor | None,
     **kwargs,
-) -> torch.Tensor:
-    """Attention over the cached latents without expanding them: ``[B, q, heads · v]``.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over the cached latents without expanding them: ``[B, q, heads · v]``, and the attention
+    weights ``[B, heads, q, S]``.
 
     ``query`` ``[B, heads, q, nope + rope]`` with its rope part rotated (the nope part before any key
     weight); ``latent`` ``[B, 1, S, r]`` and ``rope_entry`` as cached. Query head ``h`` reads key/value head
-    ``h // groups``, as ``repeat_kv`` pairs them.
+    ``h // groups``, as ``repeat_kv`` pairs them. The weights are the softmax this path computes anyway (the
+    scores are exact, not an approximation of the expanded path's), so ``output_attentions`` costs nothing
+    here and every attention implementation returns them.
     """
     batch, _, queries, _ = query.shape
     groups, kv_heads = module.num_key_value_groups, module.num_key_value_heads
@@ -89,7 +93,8 @@ def absorbed_attention(
     weights = scores.softmax(dim=-1).to(latent.dtype)
     context = torch.einsum("bkgqs,bsr->bkgqr", weights, latent)
     output = torch.einsum("bkgqr,kvr->bqkgv", context, value_up)
-    return output.reshape(batch, queries, module.num_heads * module.v_head_dim)
+    output = output.reshape(batch, queries, module.num_heads * module.v_head_dim)
+    return output, weights.reshape(batch, module.num_heads, queries, -1)
 
 
 def attention_by_key_head(
@@ -100,10 +105,13 @@ def attention_by_key_head(
     attention_mask: torch.Tensor | None,
     *,
     kernel: Callable,
+    output_attentions: bool = False,
     **kwargs,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A chunk of queries over a long cache, expanding the cached latents one key/value head at a time into
-    ``kernel`` (the layer's attention function): ``[B, q, heads, v]``, what ``expand`` + ``kernel`` give.
+    ``kernel`` (the layer's attention function): ``[B, q, heads, v]``, what ``expand`` + ``kernel`` give, and
+    with ``output_attentions`` the kernel's weights put back together, ``[B, heads, q, S]`` (the kernel is
+    then an eager one: ``mla.expanded_attention_kernel``).
 
     ``expand`` holds every cached token as ``kv_heads × (nope + v)`` values, plus the key copy and the
     attention function's own copies of K and V: at 64K tokens and the released shapes, gigabytes in
@@ -122,7 +130,7 @@ def attention_by_key_head(
     queries = query.shape[2]
     # Without a mask the attention function reads the block as causal from its first key: one block.
     block = queries if attention_mask is None else max(1, CACHED_CHUNK_SCORE_ELEMENTS // latent.shape[1])
-    outputs = []
+    outputs, weights = [], []
     for head in range(module.num_key_value_heads):
         key_nope, head_rope = latent @ key_up[head].T, rope_key
         if module.mla_norm == MLA_NORM_QK_HEAD:
@@ -132,15 +140,18 @@ def attention_by_key_head(
         key = torch.cat((key_nope, head_rope), dim=-1)[:, None]
         value = (latent @ value_up[head].T)[:, None]
         head_query = query[:, head * groups : (head + 1) * groups]
-        blocks = []
+        blocks, block_weights = [], []
         for start in range(0, queries, block):
             mask = None if attention_mask is None else attention_mask[:, :, start : start + block]
-            output, _ = kernel(
+            output, block_weight = kernel(
                 module, head_query[:, :, start : start + block], key, value, mask, scaling=module.scaling
             )
             blocks.append(output)
+            block_weights.append(block_weight)
         outputs.append(torch.cat(blocks, dim=1))
-    return torch.cat(outputs, dim=2)
+        if output_attentions:
+            weights.append(torch.cat(block_weights, dim=2))
+    return torch.cat(outputs, dim=2), torch.cat(weights, dim=1) if output_attentions else None
 
 
 def decode_visibility(

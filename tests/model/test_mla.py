@@ -80,7 +80,7 @@ def test_mla_matches_explicit_attention(interleave, norm):
         x = torch.randn(2, 11, config.hidden_size, dtype=torch.float64)
         positions = torch.stack([torch.arange(11), torch.arange(5, 16)])
         mask = block_causal_mask(torch.ones(2, 11, dtype=torch.long))
-        ours = layer(x, position_embeddings=rotary(x, positions), attention_mask=mask)
+        ours, _ = layer(x, position_embeddings=rotary(x, positions), attention_mask=mask)
         reference = naive_mla(layer, x, positions, config.rope_parameters["rope_theta"])
         # RoPE angles are computed in fp32 (as in transformers), the rest in fp64.
         torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
@@ -92,7 +92,7 @@ def test_mla_gradients_match_explicit_attention(interleave, norm):
     rotary = ZebraRotaryEmbedding(config)
     x = torch.randn(1, 7, config.hidden_size, dtype=torch.float64, requires_grad=True)
     positions = torch.arange(7)[None]
-    ours = layer(x, position_embeddings=rotary(x, positions), attention_mask=block_causal_mask(torch.ones(1, 7)))
+    ours, _ = layer(x, position_embeddings=rotary(x, positions), attention_mask=block_causal_mask(torch.ones(1, 7)))
     grads = torch.autograd.grad(ours.square().sum(), [x, *layer.parameters()])
     reference = naive_mla(layer, x, positions, config.rope_parameters["rope_theta"])
     expected = torch.autograd.grad(reference.square().sum(), [x, *layer.parameters()])

@@ -113,7 +113,7 @@ def test_the_policy_picks_the_kernel_by_device_and_lets_the_user_force_one(monke
 
 def _mla_outputs(layer, hidden, cos, sin, upstream, **inputs):
     hidden = hidden.clone().requires_grad_()
-    output = layer(hidden, position_embeddings=(cos, sin), **inputs)
+    output, _ = layer(hidden, position_embeddings=(cos, sin), **inputs)
     (output * upstream).sum().backward()
     grads = {"hidden": hidden.grad, **{name: p.grad.clone() for name, p in layer.named_parameters()}}
     layer.zero_grad()

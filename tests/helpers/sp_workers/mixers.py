@@ -71,7 +71,7 @@ def _mla_errors(layer, config, layout, segments: torch.Tensor) -> dict[str, floa
     cos, sin = ZebraRotaryEmbedding(config)(hidden, positions)
 
     x_ref = hidden.clone().requires_grad_()
-    out_ref = layer(x_ref, position_embeddings=(cos, sin), attention_mask=block_causal_mask(segments))
+    out_ref, _ = layer(x_ref, position_embeddings=(cos, sin), attention_mask=block_causal_mask(segments))
     (out_ref * upstream).sum().backward()
     ref_grads = {name: p.grad.clone() for name, p in layer.named_parameters()}
     layer.zero_grad()
@@ -79,7 +79,7 @@ def _mla_errors(layer, config, layout, segments: torch.Tensor) -> dict[str, floa
     context = build_sequence_parallel_context(layout, segments)
     shard = context.shard
     x = hidden[:, shard].clone().requires_grad_()
-    out = layer(x, position_embeddings=(cos[:, shard], sin[:, shard]), sp_context=context)
+    out, _ = layer(x, position_embeddings=(cos[:, shard], sin[:, shard]), sp_context=context)
     (out * upstream[:, shard]).sum().backward()
     param_error = 0.0
     for name, p in layer.named_parameters():
