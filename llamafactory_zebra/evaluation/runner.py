@@ -24,6 +24,7 @@ from .tasks import DEPTH_TASKS, Sample, TaskOptions, depth_grid, generate_sample
 
 # Answer budgets per task (RULER's, shortened for niah where values are 7 digits).
 TOKENS_TO_GENERATE = {
+    "passkey": 16,
     "niah_single": 32,
     "niah_multikey": 32,
     "niah_multivalue": 64,

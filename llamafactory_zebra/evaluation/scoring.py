@@ -1,16 +1,20 @@
-"""RULER's two metrics, applied to generated text.
+"""RULER's two metrics and passkey's, applied to generated text.
 
 ``string_match_all``: the fraction of the reference strings that occur in the output (all needles of
 a multi-value question, every variable of a chain, the ten common words), so a half-right answer
 scores 0.5. ``string_match_part``: 1 when any reference occurs (QA, where any gold answer counts).
 Matching is case-insensitive substring matching, as in RULER; a score is reported in percent.
+``first_number``: 1 when the output's first number is the key (passkey; "123456" does not hold "12345").
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 
-from .tasks import MATCH_ALL, MATCH_PART
+from .tasks import FIRST_NUMBER, MATCH_ALL, MATCH_PART
+
+_NUMBER = re.compile(r"\d+")
 
 
 def match_all(prediction: str, references: Sequence[str]) -> float:
@@ -23,7 +27,12 @@ def match_part(prediction: str, references: Sequence[str]) -> float:
     return float(any(ref.lower() in text for ref in references))
 
 
-METRICS = {MATCH_ALL: match_all, MATCH_PART: match_part}
+def first_number(prediction: str, references: Sequence[str]) -> float:
+    found = _NUMBER.search(prediction)
+    return float(found is not None and found.group() in references)
+
+
+METRICS = {MATCH_ALL: match_all, MATCH_PART: match_part, FIRST_NUMBER: first_number}
 
 
 def score_sample(prediction: str, references: Sequence[str], metric: str) -> float:

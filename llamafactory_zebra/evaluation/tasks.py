@@ -27,6 +27,8 @@ Measure = Callable[["Sample"], int]
 # Metric names as RULER calls them: the fraction of references found, or whether any one is found.
 MATCH_ALL = "string_match_all"
 MATCH_PART = "string_match_part"
+# Passkey's metric (Landmark Attention, LongLoRA, YaRN, PoSE): the first number of the answer is the key.
+FIRST_NUMBER = "first_number"
 
 PSEUDO_WORD_CONSONANTS = "bcdfghjklmnprstvz"
 PSEUDO_WORD_VOWELS = "aeiou"
@@ -69,6 +71,7 @@ class TaskOptions:
     common_frequency: int = 30
     rare_frequency: int = 3
     qa_distractors: int = 10
+    passkey_digits: int = 5
 
 
 def pseudo_word(rng: random.Random, syllables: int = 3) -> str:
@@ -110,17 +113,24 @@ def fit(build: Callable[[int], Fitted], length: int, measure: Callable[[Fitted],
 
 
 def fill_haystack(
-    template: Sample, inserts: Sequence[tuple[float, str]], rng: random.Random, haystack: Haystack, measure: Measure
+    template: Sample,
+    inserts: Sequence[tuple[float, str]],
+    rng: random.Random,
+    haystack: Haystack,
+    measure: Measure,
+    preamble: str = "",
 ) -> Sample:
     """``template`` with a context of haystack sentences and ``inserts`` at their depths, fitted to its length.
 
-    Every attempt restarts ``rng`` from the same state, so the fitted sample depends only on the seed.
+    ``preamble`` opens the context before the haystack (passkey's instruction). Every attempt restarts ``rng``
+    from the same state, so the fitted sample depends only on the seed.
     """
     state = rng.getstate()
+    opening = f"{preamble} " if preamble else ""
 
     def build(budget: int) -> Sample:
         rng.setstate(state)
-        return replace(template, context=insert_at_depths(haystack.take(budget, rng), inserts))
+        return replace(template, context=opening + insert_at_depths(haystack.take(budget, rng), inserts))
 
     return fit(build, template.length, measure, template.task)
 
@@ -258,7 +268,33 @@ def qa_synthetic(length, index, depth, rng, haystack, measure, options) -> Sampl
     return fill_haystack(template, inserts, rng, haystack, measure)
 
 
+PASSKEY_INSTRUCTION = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+    "I will quiz you about the important information there."
+)
+PASSKEY_QUESTION = "What is the pass key?"
+PASSKEY_ANSWER_PREFIX = "The pass key is"
+
+
+def passkey_needle(key: str) -> str:
+    return f"The pass key is {key}. Remember it. {key} is the pass key."
+
+
+def passkey(length, index, depth, rng, haystack, measure, options) -> Sample:
+    """The passkey test of the context-extension papers (Landmark Attention, LongLoRA, YaRN, PoSE).
+
+    Their prompt: an instruction, the filler repeated to the length (the built-in noise haystack is that
+    filler), the needle at ``depth``, the question; scored by the first number of the answer.
+    """
+    key = _number(rng, options.passkey_digits)
+    template = Sample(
+        "passkey", length, index, "", PASSKEY_QUESTION, PASSKEY_ANSWER_PREFIX, (key,), FIRST_NUMBER, depth
+    )
+    return fill_haystack(template, [(depth, passkey_needle(key))], rng, haystack, measure, PASSKEY_INSTRUCTION)
+
+
 TASKS: dict[str, Callable[..., Sample]] = {
+    "passkey": passkey,
     "niah_single": niah_single,
     "niah_multikey": niah_multikey,
     "niah_multivalue": niah_multivalue,
@@ -268,7 +304,7 @@ TASKS: dict[str, Callable[..., Sample]] = {
 }
 
 # Tasks whose needle sits at a chosen depth: the ones the depth × length heatmap is made of.
-DEPTH_TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "qa_synthetic")
+DEPTH_TASKS = ("passkey", "niah_single", "niah_multikey", "niah_multivalue", "qa_synthetic")
 
 
 def check_task_names(names: Sequence[str]) -> list[str]:

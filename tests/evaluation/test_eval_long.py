@@ -15,8 +15,15 @@ from llamafactory_zebra.cli.main import main
 from llamafactory_zebra.evaluation.haystack import HaystackTooShort, file_haystack, noise_haystack
 from llamafactory_zebra.evaluation.prefill import chunked_packed_logits, chunked_prefill
 from llamafactory_zebra.evaluation.runner import PromptFormat, generate_answers
-from llamafactory_zebra.evaluation.scoring import match_all, match_part, score_sample
-from llamafactory_zebra.evaluation.tasks import TASKS, TaskOptions, check_task_names, depth_grid, generate_samples
+from llamafactory_zebra.evaluation.scoring import first_number, match_all, match_part, score_sample
+from llamafactory_zebra.evaluation.tasks import (
+    DEPTH_TASKS,
+    TASKS,
+    TaskOptions,
+    check_task_names,
+    depth_grid,
+    generate_samples,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -48,7 +55,7 @@ def test_generators_are_deterministic_fit_the_length_and_hold_their_answers(task
         assert not any(answer in sample.question + sample.answer_prefix for answer in sample.answers[:1]) or (
             task == "variable_tracking"
         )
-    if task in ("niah_single", "niah_multikey", "niah_multivalue", "qa_synthetic"):
+    if task in DEPTH_TASKS:
         assert [s.depth for s in first] == [0.0, 0.5, 1.0]
         # depth 0 puts the needle before any filler, depth 1 after all of it
         assert first[0].context.index(first[0].answers[0]) < first[2].context.index(first[2].answers[0]) or (
@@ -63,6 +70,41 @@ def test_needle_depth_is_where_the_sample_says(prompt_format):
         sample = generate_samples("niah_single", 2048, 1, measure, haystack, depths=[depth])[0]
         where = sample.context.index(sample.answers[0]) / len(sample.context)
         assert abs(where - depth) < 0.05, (depth, where)
+
+
+def test_passkey_is_the_papers_prompt_at_any_length_and_depth(prompt_format):
+    haystack = noise_haystack(prompt_format.encode_text)
+    measure = measure_with(prompt_format, extra=16)
+    filler = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+    for length in (300, 1024, 3000):
+        for sample in generate_samples("passkey", length, 3, measure, haystack, seed=length, depths=depth_grid(3)):
+            (key,) = sample.answers
+            assert len(key) == 5 and key.isdigit() and key[0] != "0"
+            assert sample.context.startswith(
+                "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+                "I will quiz you about the important information there. "
+            )
+            assert f"The pass key is {key}. Remember it. {key} is the pass key." in sample.context
+            assert sample.prompt.endswith("\n\nWhat is the pass key?")
+            assert sample.answer_prefix == "The pass key is" and sample.metric == "first_number"
+            assert 0.8 * length <= measure(sample) <= length
+            # The filler is the standard one, repeated (from a seeded sentence of it).
+            body = sample.context.replace(f" The pass key is {key}. Remember it. {key} is the pass key.", "")
+            assert filler in body + " " + filler or length < 400
+    deep, shallow = (
+        generate_samples("passkey", 2048, 1, measure, haystack, depths=[depth])[0] for depth in (0.9, 0.1)
+    )
+    assert deep.context.index(deep.answers[0]) / len(deep.context) > 0.85
+    assert shallow.context.index(shallow.answers[0]) / len(shallow.context) < 0.15
+
+
+def test_passkey_scores_the_first_number_of_the_answer():
+    assert first_number(" 12345.", ["12345"]) == 1.0
+    assert first_number(" 12345 is the pass key, not 54321.", ["12345"]) == 1.0
+    assert first_number(" 123456.", ["12345"]) == 0.0  # substring matching would have said 1
+    assert first_number(" 54321 or 12345", ["12345"]) == 0.0
+    assert first_number(" I do not know.", ["12345"]) == 0.0
+    assert score_sample("The pass key is 1234", ["12345"], "first_number") == 0.0
 
 
 def test_scorer_on_hand_made_outputs():
