@@ -29,7 +29,7 @@ def measure(kind: str, length: int, vocab: int, hidden: int) -> dict:
     baseline_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     if kind == "fused":
-        loss = fused_causal_lm_loss(states, head.weight, labels, backend="chunked")
+        loss = fused_causal_lm_loss(states, head.weight, labels, force="chunked")
     else:
         from transformers.loss.loss_utils import ForCausalLMLoss
 

@@ -65,6 +65,7 @@ def main() -> int:
 
     from llamafactory_zebra import ZebraForCausalLM
     from llamafactory_zebra.data import retrieval_sft
+    from llamafactory_zebra.data.cutoff import row_tokens
     from llamafactory_zebra.evaluation import tasks
     from llamafactory_zebra.evaluation.haystack import noise_haystack
 
@@ -78,7 +79,7 @@ def main() -> int:
         return tokenizer.encode(text, add_special_tokens=False)
 
     def measure(messages: list[dict[str, str]]) -> int:
-        return sum(len(prompt) + len(answer) for prompt, answer in chat.encode_multiturn(tokenizer, messages))
+        return row_tokens(chat, tokenizer, messages)
 
     options = retrieval_sft.RetrievalOptions(
         needles=args.needles,

@@ -4,7 +4,8 @@ At 1M tokens the logits alone are 1M × 151936 values. On GPU Liger's fused line
 (Triton) avoids them; Liger cannot run where Triton cannot (CPU), and LLaMA-Factory's
 ``enable_liger_kernel`` does not know the ``zebra`` model type, so this module provides both
 implementations with one contract: Liger's kernel and a chunked PyTorch function. Which one runs is the
-kernel registry's ``loss`` op (``kernels/registry.py``), asked by the model at each training forward.
+kernel registry's ``loss`` op (``kernels/registry.py``): :func:`fused_causal_lm_loss` hands it
+:data:`LOSS_SUMS` and runs what it chooses, at each training forward.
 
 The chunked function computes the gradients of each token chunk during the forward pass (as Liger
 does) and scales them by the incoming gradient in backward, so memory is one chunk of logits plus
@@ -16,13 +17,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .kernel_names import Key, Op
+from .kernels import Call, KernelLoadError, run
+
 # The label LLaMA-Factory's collators write for prompt and padding tokens (``llamafactory.extras.constants.
 # IGNORE_INDEX``, PyTorch's cross-entropy default). Spelled out, not imported: the model code stays importable
 # without LLaMA-Factory's import chain; tests/ops/test_loss.py checks the two agree.
 IGNORE_INDEX = -100
-# The loss families, one name each everywhere (the kernel registry, the model, distillation, the planner,
-# doctor): Liger's fused kernels, this module's chunked PyTorch functions, and full-vocabulary logits.
-LIGER, CHUNKED, LOGITS = "liger", "chunked", "logits"
+# The loss entries (``kernel_names.Key``; also their families): Liger's fused kernels, this module's chunked
+# PyTorch functions, and full-vocabulary logits.
+LIGER, CHUNKED, LOGITS = Key.LIGER, Key.CHUNKED, Key.LOGITS
 # One chunk of fp32 logits stays at or below this many elements (64 MiB): 64 tokens for Qwen3's 151,936 vocab.
 CHUNK_LOGIT_ELEMENTS = 1 << 24
 
@@ -91,14 +95,35 @@ def chunked_linear_cross_entropy_sum(
 def liger_linear_cross_entropy_sum(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int | None = None
 ) -> torch.Tensor:
-    """Liger's fused linear cross-entropy, summed (``chunk_tokens`` is the chunked function's; Liger picks its own)."""
-    from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+    """Liger's fused linear cross-entropy, summed (``chunk_tokens`` is the chunked function's; Liger picks its own).
+
+    An installed Liger that does not import raises :class:`~.kernels.KernelLoadError`: the registry passes it
+    over (with a warning) and the chunked function runs."""
+    try:
+        from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+    except ImportError as error:
+        raise KernelLoadError(f"liger_kernel does not import ({error})") from error
 
     return LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")(weight, hidden, targets)
 
 
-# The fused loss's implementations by registry key (``kernels/registry.py``: op ``loss``).
-FUSED_LOSS_SUMS = {LIGER: liger_linear_cross_entropy_sum, CHUNKED: chunked_linear_cross_entropy_sum}
+def logits_cross_entropy_sum(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int | None = None
+) -> torch.Tensor:
+    """The same sum from the whole ``[N, vocab]`` logits at once (at least fp32): the registry's ``logits``
+    entry, what a training forward costs without the fused loss (the model then computes its logits itself,
+    as it must return them), and the reference the fused functions are tested against."""
+    dtype = torch.promote_types(hidden.dtype, torch.float32)
+    logits = hidden.to(dtype) @ weight.to(dtype).t()
+    return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+# The ``loss`` op's implementations by registry key (``kernels/registry.py``).
+LOSS_SUMS = {
+    LIGER: liger_linear_cross_entropy_sum,
+    CHUNKED: chunked_linear_cross_entropy_sum,
+    LOGITS: logits_cross_entropy_sum,
+}
 
 
 def shifted_targets(labels: torch.Tensor, shift_labels: torch.Tensor | None = None) -> torch.Tensor:
@@ -112,18 +137,20 @@ def fused_causal_lm_loss(
     hidden_states: torch.Tensor,
     lm_head_weight: torch.Tensor,
     labels: torch.Tensor | None,
-    backend: str,
+    force: str | None = None,
     num_items_in_batch: torch.Tensor | int | None = None,
     shift_labels: torch.Tensor | None = None,
     chunk_tokens: int | None = None,
 ) -> torch.Tensor:
-    """Mean next-token loss (or sum / ``num_items_in_batch``, as the HF Trainer asks) without full logits;
-    ``backend`` is a key of :data:`FUSED_LOSS_SUMS` (the registry's ``loss`` op chooses it)."""
-    if backend not in FUSED_LOSS_SUMS:
-        raise ValueError(f"fused cross-entropy backend must be one of {', '.join(FUSED_LOSS_SUMS)}, got {backend!r}")
+    """Mean next-token loss (or sum / ``num_items_in_batch``, as the HF Trainer asks) without full logits.
+
+    The registry's ``loss`` op chooses the function of :data:`LOSS_SUMS` for the hidden states (Liger's on a
+    GPU with Liger installed, the chunked one otherwise); ``force`` demands one key (``liger``, ``chunked``).
+    """
     targets = shifted_targets(labels, shift_labels).reshape(-1).to(hidden_states.device)
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
-    total = FUSED_LOSS_SUMS[backend](hidden, lm_head_weight, targets, chunk_tokens=chunk_tokens)
+    call = Call.of(hidden, fused=True)
+    total = run(Op.LOSS, call, LOSS_SUMS, hidden, lm_head_weight, targets, chunk_tokens=chunk_tokens, force=force)
     if num_items_in_batch is None:
         num_items_in_batch = (targets != IGNORE_INDEX).sum()
     if torch.is_tensor(num_items_in_batch):

@@ -35,29 +35,16 @@ from transformers.utils.output_capturing import capture_outputs
 
 from .attention_policy import BORDER_KERNELS, EAGER, PACKED_FLASH_VARLEN
 from .configuration_zebra import MLA, ZebraConfig
-from .kernels import LOSS, Call, KernelLoadError, detect_stack, packed_attention_kernel, run
+from .kernels import LOSS, Call, detect_stack, packed_attention_kernel, select
 from .layers.gated_deltanet import ZebraGatedDeltaNet, ZebraShortConv, gdn_decay_init
 from .layers.mla import ZebraMLA
 from .layers.norms import ZebraRMSNorm
 from .layers.tiled_mlp import AUTO, set_mlp_tiles, tiled_mlp_forward
-from .loss import CHUNKED, LIGER, LOGITS, fused_causal_lm_loss
+from .loss import CHUNKED, LIGER, fused_causal_lm_loss
 from .packing import block_causal_mask, cu_seqlens_from_segment_ids, flash_varlen_kwargs, packed_segment_ids
 from .parallel import SequenceParallelContext, build_sequence_parallel_context, gather_row_segment_ids
 from .quantization import keep_unfit_linears_out_of_4bit, wants_bnb_4bit
 from .released import RELEASED_LAYOUT, checkpoint_layout, load_released_config
-
-
-def _liger_loaded() -> str:
-    try:
-        import liger_kernel.transformers.fused_linear_cross_entropy  # noqa: F401
-    except ImportError as error:
-        raise KernelLoadError(f"liger_kernel does not import ({error})") from error
-    return LIGER
-
-
-# The registry's ``loss`` keys → the key ``fused_causal_lm_loss`` takes (Liger's after its import check).
-FUSED_LOSS_KEYS = {LIGER: _liger_loaded, CHUNKED: lambda: CHUNKED, LOGITS: lambda: LOGITS}
-
 
 # What to do about a missing weight that has one usual cause (``ZebraPreTrainedModel.from_pretrained``).
 MISSING_KEY_FIXES = {
@@ -565,7 +552,7 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
                 hidden_states,
                 self.lm_head.weight,
                 labels,
-                backend=self.loss_kernel(Call.of(hidden_states)),
+                force=self._demanded_loss(),
                 num_items_in_batch=kwargs.get("num_items_in_batch"),
                 shift_labels=kwargs.get("shift_labels"),
             )
@@ -609,13 +596,12 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
         if backend not in ("auto", LIGER, CHUNKED):
             raise ValueError(f"fused cross-entropy backend must be 'auto', {LIGER!r} or {CHUNKED!r}, got {backend!r}")
         self.fused_cross_entropy = backend
-        return self.loss_kernel(Call.on("cuda" if detect_stack().has_gpu else "cpu"))
+        call = Call.on("cuda" if detect_stack().has_gpu else "cpu")
+        return select(LOSS, call, force=self._demanded_loss()).kernel.key
 
-    def loss_kernel(self, call: Call) -> str:
-        """The fused loss's registry key for ``call`` (``enable_fused_cross_entropy``'s demand, if any); an
-        installed Liger that does not import passes to the chunked function, with a warning."""
-        demanded = None if self.fused_cross_entropy == "auto" else self.fused_cross_entropy
-        return run(LOSS, call, FUSED_LOSS_KEYS, force=demanded)
+    def _demanded_loss(self) -> str | None:
+        """``enable_fused_cross_entropy``'s demand, ``None`` for the registry's own choice."""
+        return None if self.fused_cross_entropy == "auto" else self.fused_cross_entropy
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs) -> None:
         """transformers would build a ``DynamicCache`` from ``layer_types``; Zebra layers need their own."""

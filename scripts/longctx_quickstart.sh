@@ -30,9 +30,9 @@ read -r -a TRAIN_OVERRIDES <<< "${TRAIN_ARGS:-}"
 started=$(date +%s)
 
 llamafactory-zebra init tiny-16k "$OUT/zebra-init" --overwrite
-python -m llamafactory_zebra.data.retrieval_sft --model "$OUT/zebra-init" --output-dir "$OUT/data" \
+llamafactory-zebra data retrieval-sft --model "$OUT/zebra-init" --output-dir "$OUT/data" \
   --name longctx_short --rows "$SHORT_ROWS" --lengths "$SHORT_LENGTHS" --seed 1
-python -m llamafactory_zebra.data.retrieval_sft --model "$OUT/zebra-init" --output-dir "$OUT/data" \
+llamafactory-zebra data retrieval-sft --model "$OUT/zebra-init" --output-dir "$OUT/data" \
   --name longctx_long --rows "$LONG_ROWS" --lengths "$LONG_LENGTHS" --seed 2
 
 eval_long() {  # eval_long INFER_YAML OUTPUT_DIR
@@ -51,7 +51,7 @@ eval_long examples/longctx/infer_trained.yaml "$OUT/eval_after"
 
 echo
 echo "Before -> after (percent; eval-long's seed 42, $EVAL_SAMPLES samples per cell):"
-python -m llamafactory_zebra.evaluation.compare before="$OUT/eval_before" after="$OUT/eval_after"
+llamafactory-zebra eval-long-compare before="$OUT/eval_before" after="$OUT/eval_after"
 echo
 echo "Depth heatmaps: $OUT/eval_before/depth_heatmap.png  $OUT/eval_after/depth_heatmap.png"
 echo "Loss plots:     $OUT/zebra-stage1/training_loss.png  $OUT/zebra-stage2/training_loss.png"

@@ -1,4 +1,4 @@
-"""The serving layer's conv choice (``serving/vllm/gdn.py``'s ``conv_in_slots_kernel``, asked once per layer) in
+"""The serving layer's conv choice (the registry's for ``serving/vllm/gdn.py``'s ``conv_in_slots_call``, built once per layer) in
 the vLLM venv, where vLLM is installed: vLLM's C++ conv exactly for bf16 activations, a 4-wide window and vLLM's
 default conv-state layout on its CPU platform, on a CPU with bf16 dot products; the project's conv op otherwise."""
 
@@ -7,8 +7,9 @@ import torch
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 from vllm.platforms import current_platform
 
-from llamafactory_zebra.kernels import this_machine
-from llamafactory_zebra.serving.vllm.gdn import conv_in_slots_kernel
+from llamafactory_zebra.kernel_names import Key
+from llamafactory_zebra.kernels import CONV_IN_SLOTS, select, this_machine
+from llamafactory_zebra.serving.vllm.gdn import conv_in_slots_call
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
@@ -21,4 +22,5 @@ def test_the_layer_runs_vllms_conv_exactly_where_it_can(dtype, width):
         and width == 4
         and not is_conv_state_dim_first()
     )
-    assert conv_in_slots_kernel(dtype, width) == ("vllm-cpp" if vllm_conv_runs else "conv-op")
+    chosen = select(CONV_IN_SLOTS, conv_in_slots_call(dtype, width)).kernel.key
+    assert chosen == (Key.VLLM_CPP if vllm_conv_runs else Key.CONV_OP)

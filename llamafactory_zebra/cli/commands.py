@@ -28,7 +28,8 @@ SUBCOMMANDS = {
         "llamafactory_zebra.cli.import_cmd", "convert a checkpoint in AMD's released layout to a native one"
     ),
     "data": Subcommand(
-        "llamafactory_zebra.cli.data_cmd", "inspect how datasets tokenize and pack; list registry datasets"
+        "llamafactory_zebra.cli.data_cmd",
+        "inspect how datasets tokenize and pack; list registry datasets; write generated training data",
     ),
     "verify": Subcommand(
         "llamafactory_zebra.cli.verify_cmd",
@@ -38,5 +39,8 @@ SUBCOMMANDS = {
     "plan": Subcommand("llamafactory_zebra.cli.plan_cmd", "estimate per-GPU memory of a training YAML"),
     "eval-long": Subcommand(
         "llamafactory_zebra.cli.eval_long_cmd", "RULER-style long-context scores of a model from its inference YAML"
+    ),
+    "eval-long-compare": Subcommand(
+        "llamafactory_zebra.cli.eval_long_compare_cmd", "eval-long reports side by side (before/after, model/model)"
     ),
 }

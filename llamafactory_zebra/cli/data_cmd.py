@@ -1,7 +1,11 @@
-"""``llamafactory-zebra data inspect TRAIN.yaml`` and ``data list``.
+"""``llamafactory-zebra data inspect TRAIN.yaml``, ``data list`` and the generators (``data retrieval-sft``).
 
 Before an 80-hour run: how many rows each dataset keeps and why the others are dropped, how long
 the rows are, how they pack into ``cutoff_len`` and how many optimizer steps that makes.
+
+A generator writes a dataset offline, sized in the model's own tokens: its subcommand takes the flags every
+generated dataset shares (:func:`add_generated_dataset_arguments`) beside its own, and its ``run`` builds the
+rows and hands them to :func:`write_generated` (``retrieval-sft`` is the pattern a new one copies).
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +49,86 @@ def add_parser(subparsers: Any) -> None:
     list_parser.add_argument("--json", action="store_true", help="print the dataset_info entries as JSON")
     list_parser.set_defaults(func=run_list)
 
+    retrieval = commands.add_parser(
+        "retrieval-sft",
+        help="write long-context retrieval SFT rows (needles, several keys/values, variable tracking)",
+        description="Write long-context retrieval SFT rows (sharegpt) and their dataset_info.json entry; "
+        "none of them is an eval-long sample.",
+    )
+    add_generated_dataset_arguments(retrieval)
+    _add_retrieval_arguments(retrieval)
+    retrieval.set_defaults(func=run_retrieval_sft)
+
     parser.set_defaults(func=lambda args: _missing_command(parser))
+
+
+def span(text: str) -> tuple[int, int]:
+    """``256-1024`` → ``(256, 1024)``; ``8192`` → ``(8192, 8192)`` (an inclusive range of counts)."""
+    low, _, high = text.partition("-")
+    try:
+        return int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a count or a range, e.g. 8192 or 256-1024") from None
+
+
+def add_generated_dataset_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of every generator: the tokenizer and template that size the rows, where they go, how many."""
+    parser.add_argument("--model", required=True, help="model directory whose tokenizer sizes the rows")
+    parser.add_argument("--template", default="zebra", help="LLaMA-Factory template the training YAML uses")
+    parser.add_argument("--output-dir", required=True, help="dataset_dir of the training YAML")
+    parser.add_argument("--name", required=True, help="dataset name (the file is NAME.json)")
+    parser.add_argument("--rows", type=int, required=True)
+    parser.add_argument("--lengths", type=span, required=True, help="tokens per row, e.g. 256-1024 or 8192")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def write_generated(args: argparse.Namespace, make_rows: Callable[..., list[dict[str, Any]]]) -> int:
+    """Checks the shared flags, makes the rows, writes ``NAME.json`` and its ``dataset_info.json`` entry.
+
+    ``make_rows(measure, encode)`` gets the row's token count and the text encoder that
+    ``data.retrieval_sft.template_measure`` builds from ``--model`` and ``--template``.
+    """
+    from ..data.retrieval_sft import template_measure, write_dataset
+
+    if args.rows < 1 or args.lengths[0] < 1 or args.lengths[0] > args.lengths[1]:
+        low, high = args.lengths
+        print(
+            f"error: --rows {args.rows} --lengths {low}-{high}: need rows >= 1 and 1 <= low <= high", file=sys.stderr
+        )
+        return 2
+    measure, encode = template_measure(args.model, args.template)
+    rows = make_rows(measure, encode)
+    path = write_dataset(args.output_dir, args.name, rows)
+    sizes = [measure(row["messages"]) for row in rows]
+    print(f"wrote {len(rows)} rows of {min(sizes)}-{max(sizes)} tokens ({sum(sizes):,} in all) to {path}")
+    return 0
+
+
+def _add_retrieval_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..data.retrieval_sft import RetrievalOptions
+
+    parser.add_argument("--needles", type=span, default=RetrievalOptions.needles, help="needles per row, e.g. 1-4")
+    parser.add_argument("--questions", type=int, default=RetrievalOptions.questions, help="questions per row")
+    parser.add_argument("--multivalue-share", type=float, default=RetrievalOptions.multivalue_share)
+    parser.add_argument("--tracking-share", type=float, default=RetrievalOptions.tracking_share)
+
+
+def run_retrieval_sft(args: argparse.Namespace) -> int:
+    from ..data.retrieval_sft import RetrievalOptions, make_rows
+
+    try:
+        options = RetrievalOptions(
+            needles=args.needles,
+            questions=args.questions,
+            multivalue_share=args.multivalue_share,
+            tracking_share=args.tracking_share,
+        )
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return write_generated(
+        args, lambda measure, encode: make_rows(args.rows, args.lengths, args.seed, measure, encode, options)
+    )
 
 
 def _missing_command(parser: argparse.ArgumentParser) -> int:

@@ -15,9 +15,17 @@ from typing import Any
 CHECKED_ROWS = 5000
 
 
-def row_length(template: Any, tokenizer: Any, row: dict[str, Any]) -> int:
-    """Tokens of one converted row (``_prompt``, ``_response``, ``_system``, ``_tools``) before truncation."""
-    pairs = template.encode_multiturn(tokenizer, row["_prompt"] + row["_response"], row["_system"], row["_tools"])
+def row_tokens(
+    template: Any, tokenizer: Any, messages: list[dict[str, str]], system: str | None = None, tools: str | None = None
+) -> int:
+    """Tokens LLaMA-Factory's supervised processor makes of one conversation before truncation.
+
+    The one count of a row's length (the cutoff check and the retrieval SFT generator both size rows with
+    it): the template's ``encode_multiturn`` pairs, plus the EOS token the processor appends after the last
+    turn when the template has ``efficient_eos`` (``SupervisedDatasetProcessor._encode_data_example`` counts
+    it before it truncates).
+    """
+    pairs = template.encode_multiturn(tokenizer, messages, system, tools)
     return sum(len(source) + len(target) for source, target in pairs) + int(bool(template.efficient_eos))
 
 
@@ -32,7 +40,7 @@ def over_cutoff_message(dataset: Any, data_args: Any, template: Any, tokenizer: 
     rows = (dataset[index] for index in range(checked))
     # Rows the processor itself drops (no single response, e.g. a prediction set) are not its to truncate.
     lengths = {
-        index: row_length(template, tokenizer, row)
+        index: row_tokens(template, tokenizer, row["_prompt"] + row["_response"], row["_system"], row["_tools"])
         for index, row in enumerate(rows)
         if len(row["_prompt"]) % 2 == 1 and len(row["_response"]) == 1
     }

@@ -20,13 +20,12 @@ their task, so the trained model meets that prefix in evaluation. The filler is 
 grammar (nouns, verbs, colours, and now and then a number), so neither the position of the answer nor
 "the only number in the text" gives it away once a row holds several needles.
 
-Run it as ``python -m llamafactory_zebra.data.retrieval_sft --help``: rows are sized with the model's
-tokenizer and LLaMA-Factory's template (``Template.encode_multiturn``), the tokens training will see.
+Run it as ``llamafactory-zebra data retrieval-sft --help``: rows are sized with the model's tokenizer and
+LLaMA-Factory's template (``data.cutoff.row_tokens``), the tokens training will see.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from collections.abc import Callable, Sequence
@@ -43,6 +42,7 @@ from ..evaluation.tasks import (
     fit,
     insert_at_depths,
 )
+from .cutoff import row_tokens
 
 # Consonants eval-long's pseudo-words never use; every key here holds at least one.
 KEY_MARKS = "qwxy"
@@ -285,8 +285,9 @@ def write_dataset(output_dir: str | Path, name: str, rows: list[dict[str, Any]])
 
 
 def template_measure(model: str, template: str) -> tuple[Measure, Callable[[str], list[int]]]:
-    """Token counts as LLaMA-Factory's SFT preprocessing makes them: the model's tokenizer, the template's
-    ``encode_multiturn`` (thinking off: the empty think block is part of the prompt, as training renders it)."""
+    """Token counts as LLaMA-Factory's SFT preprocessing makes them (``data.cutoff.row_tokens``) with the
+    model's tokenizer and the template, thinking off (the empty think block is part of the prompt, as
+    training renders it); and the plain text encoder the filler is measured with."""
     from llamafactory.data import get_template_and_fix_tokenizer
     from llamafactory.hparams import DataArguments
     from transformers import AutoTokenizer
@@ -295,51 +296,6 @@ def template_measure(model: str, template: str) -> tuple[Measure, Callable[[str]
     chat = get_template_and_fix_tokenizer(tokenizer, DataArguments(template=template, enable_thinking=False))
 
     def measure(messages: list[Message]) -> int:
-        return sum(len(prompt) + len(answer) for prompt, answer in chat.encode_multiturn(tokenizer, messages))
+        return row_tokens(chat, tokenizer, messages)
 
     return measure, lambda text: tokenizer.encode(text, add_special_tokens=False)
-
-
-def _span(text: str) -> tuple[int, int]:
-    low, _, high = text.partition("-")
-    return int(low), int(high or low)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m llamafactory_zebra.data.retrieval_sft",
-        description="Write long-context retrieval SFT rows (sharegpt) and their dataset_info.json entry.",
-    )
-    parser.add_argument("--model", required=True, help="model directory whose tokenizer sizes the rows")
-    parser.add_argument("--template", default="zebra", help="LLaMA-Factory template the training YAML uses")
-    parser.add_argument("--output-dir", required=True, help="dataset_dir of the training YAML")
-    parser.add_argument("--name", required=True, help="dataset name (the file is NAME.json)")
-    parser.add_argument("--rows", type=int, required=True)
-    parser.add_argument("--lengths", type=_span, required=True, help="tokens per row, e.g. 256-1024 or 8192")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--needles", type=_span, default=RetrievalOptions.needles, help="needles per row, e.g. 1-4")
-    parser.add_argument("--questions", type=int, default=RetrievalOptions.questions, help="questions per row")
-    parser.add_argument("--multivalue-share", type=float, default=RetrievalOptions.multivalue_share)
-    parser.add_argument("--tracking-share", type=float, default=RetrievalOptions.tracking_share)
-    args = parser.parse_args(argv)
-    if args.rows < 1 or args.lengths[0] < 1 or args.lengths[0] > args.lengths[1]:
-        parser.error(f"--rows {args.rows} --lengths {args.lengths}: need rows >= 1 and 1 <= low <= high")
-    try:
-        options = RetrievalOptions(
-            needles=args.needles,
-            questions=args.questions,
-            multivalue_share=args.multivalue_share,
-            tracking_share=args.tracking_share,
-        )
-    except ValueError as error:
-        parser.error(str(error))
-    measure, encode = template_measure(args.model, args.template)
-    rows = make_rows(args.rows, args.lengths, args.seed, measure, encode, options)
-    path = write_dataset(args.output_dir, args.name, rows)
-    sizes = [measure(row["messages"]) for row in rows]
-    print(f"wrote {len(rows)} rows of {min(sizes)}-{max(sizes)} tokens ({sum(sizes):,} in all) to {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

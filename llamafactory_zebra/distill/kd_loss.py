@@ -9,10 +9,10 @@ build logits one chunk of tokens at a time:
   is one chunk of logits of each model plus the student's gradients, whatever the sequence length. It
   also returns the student's cross-entropy on the same targets, which costs nothing extra (the student's
   log-probabilities are already there) and is weighted in when ``ce_weight > 0``.
-- Liger's ``LigerFusedLinearJSD`` (Triton) with ``jsd_beta`` 0 (forward KL) or 1 (reverse KL) on GPUs,
-  through :func:`kd_loss_sums` with ``backend="liger"``.
+- Liger's ``LigerFusedLinearJSD`` (Triton) with ``jsd_beta`` 0 (forward KL) or 1 (reverse KL) on GPUs.
 
-Which one a training step runs is the kernel registry's ``distillation loss`` op (:func:`distillation_kernel`).
+Which one a training step runs is the kernel registry's ``distillation loss`` op: :func:`kd_loss_sums` hands
+it :data:`KD_LOSS_SUMS` and runs what it chooses (``force="liger"`` demands Liger's).
 
 Conventions (both backends): at temperature T, with p the teacher's and q the student's softmax of
 logits / T, the per-token loss is ``T² · KL(p‖q)`` (forward) or ``T² · KL(q‖p)`` (``reverse``), the T²
@@ -28,22 +28,6 @@ import torch
 
 from ..kernels import DISTILLATION_LOSS, Call, KernelLoadError, run
 from ..loss import CHUNKED, IGNORE_INDEX, LIGER, default_chunk_tokens
-
-KD_BACKENDS = (CHUNKED, LIGER)
-
-
-def _liger_loaded() -> str:
-    try:
-        import liger_kernel.transformers.fused_linear_jsd  # noqa: F401
-    except ImportError as error:
-        raise KernelLoadError(f"liger_kernel does not import ({error})") from error
-    return LIGER
-
-
-def distillation_kernel(call: Call) -> str:
-    """The registry's choice of :func:`kd_loss_sums` backend for ``call`` (the student's hidden states): Liger
-    on a GPU with Liger installed (and importing), the chunked PyTorch function otherwise."""
-    return run(DISTILLATION_LOSS, call, {LIGER: _liger_loaded, CHUNKED: lambda: CHUNKED})
 
 
 class _ChunkedLinearKD(torch.autograd.Function):
@@ -126,16 +110,16 @@ def kd_loss_sums(
     reverse: bool = False,
     kl_weight: float = 1.0,
     ce_weight: float = 0.0,
-    backend: str = CHUNKED,
+    force: str | None = None,
     chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(kl_weight·KD + ce_weight·CE, KD, CE)`` summed over target tokens; only the first is differentiable.
 
     ``student_hidden`` ``[N, H]`` and ``teacher_hidden`` ``[N, H']`` are the two models' final hidden states
     (after the final norm), ``targets`` ``[N]`` the shifted labels (``IGNORE_INDEX`` = not counted). KD is
-    ``T²·KL`` (see the module doc), CE the student's cross-entropy at temperature 1. ``backend="liger"``
-    computes KD with Liger's fused JSD kernel and CE with Liger's fused cross-entropy only when
-    ``ce_weight > 0`` (the returned CE is ``None`` otherwise).
+    ``T²·KL`` (see the module doc), CE the student's cross-entropy at temperature 1. The registry chooses the
+    function (``force`` demands a key); Liger's computes KD with its fused JSD kernel and CE with its fused
+    cross-entropy only when ``ce_weight > 0`` (the returned CE is ``None`` otherwise).
     """
     if student_hidden.dim() != 2 or teacher_hidden.dim() != 2 or targets.shape != student_hidden.shape[:1]:
         raise ValueError(
@@ -149,20 +133,16 @@ def kd_loss_sums(
         )
     if temperature <= 0:
         raise ValueError(f"kd_temperature must be positive, got {temperature}")
-    if backend == LIGER:
-        return _liger_kd_loss_sums(
-            student_hidden,
-            student_weight,
-            teacher_hidden,
-            teacher_weight,
-            targets,
-            temperature,
-            reverse,
-            kl_weight,
-            ce_weight,
-        )
-    if backend != CHUNKED:
-        raise ValueError(f"KD backend must be one of {KD_BACKENDS}, got {backend!r}")
+    arguments = (student_hidden, student_weight, teacher_hidden, teacher_weight, targets)
+    weights = (temperature, reverse, kl_weight, ce_weight)
+    call = Call.of(student_hidden)
+    return run(DISTILLATION_LOSS, call, KD_LOSS_SUMS, *arguments, *weights, chunk_tokens, force=force)
+
+
+def _chunked_kd_loss_sums(
+    student_hidden, student_weight, teacher_hidden, teacher_weight, targets, temperature, reverse, kl_weight,
+    ce_weight, chunk_tokens,
+):  # fmt: skip
     vocab = student_weight.shape[0]
     # The fused-CE chunk (64 tokens for Qwen3's vocabulary): a few times its 64 MiB of logits live at once.
     chunk_tokens = default_chunk_tokens(vocab) if chunk_tokens is None else chunk_tokens
@@ -183,11 +163,17 @@ def kd_loss_sums(
 
 
 def _liger_kd_loss_sums(
-    student_hidden, student_weight, teacher_hidden, teacher_weight, targets, temperature, reverse, kl_weight, ce_weight
-):
-    """Liger returns the *mean* KL over target tokens, without the T² factor: rescale to this module's sum."""
-    from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
-    from liger_kernel.transformers.fused_linear_jsd import LigerFusedLinearJSD
+    student_hidden, student_weight, teacher_hidden, teacher_weight, targets, temperature, reverse, kl_weight,
+    ce_weight, chunk_tokens,
+):  # fmt: skip
+    """Liger returns the *mean* KL over target tokens, without the T² factor: rescale to this module's sum
+    (``chunk_tokens`` is the chunked function's; Liger picks its own). An installed Liger that does not import
+    raises :class:`~..kernels.KernelLoadError`: the registry passes it over and the chunked function runs."""
+    try:
+        from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
+        from liger_kernel.transformers.fused_linear_jsd import LigerFusedLinearJSD
+    except ImportError as error:
+        raise KernelLoadError(f"liger_kernel does not import ({error})") from error
 
     count = (targets != IGNORE_INDEX).sum()
     jsd = LigerFusedLinearJSD(jsd_beta=1.0 if reverse else 0.0, ignore_index=IGNORE_INDEX, temperature=temperature)
@@ -202,6 +188,10 @@ def _liger_kd_loss_sums(
         total = total + ce_weight * ce
         ce = ce.detach()
     return total, kd.detach(), ce
+
+
+# The ``distillation loss`` op's implementations by registry key (``kernels/registry.py``).
+KD_LOSS_SUMS = {LIGER: _liger_kd_loss_sums, CHUNKED: _chunked_kd_loss_sums}
 
 
 def full_logits_kd_loss_sums(

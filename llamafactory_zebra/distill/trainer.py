@@ -30,10 +30,10 @@ from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
 from ..attention_policy import FLASH_ATTENTION_BACKENDS, distill_teacher_attention
 from ..configuration_zebra import is_zebra_config
 from ..hparams import ZebraArguments, zebra_arguments
-from ..kernels import Call
+from ..kernels import DISTILLATION_LOSS, Call, select
 from ..loss import IGNORE_INDEX, shifted_targets
 from .ild import LayerHooks, decoder_layers, ild_layer_losses, teacher_layer_states
-from .kd_loss import distillation_kernel, kd_loss_sums
+from .kd_loss import kd_loss_sums
 from .metrics import METRIC_PREFIXES, MICRO_BATCHES, TOKENS, LossParts
 from .teacher import load_teacher, teacher_inputs
 
@@ -95,7 +95,7 @@ class DistillTrainer(CustomSeq2SeqTrainer):
         self._log(
             f"distill: {self.distill.distill} from {self.distill.teacher_model_name_or_path} "
             f"(teacher replicated on each rank, {dtype}, frozen; KD on this device: "
-            f"{distillation_kernel(Call.on(self.args.device.type))})"
+            f"{select(DISTILLATION_LOSS, Call.on(self.args.device.type)).kernel.key})"
         )
 
     def _log(self, message: str) -> None:
@@ -129,7 +129,6 @@ class DistillTrainer(CustomSeq2SeqTrainer):
                 reverse=distill.kd_reverse_kl,
                 kl_weight=distill.kd_kl_weight,
                 ce_weight=distill.kd_ce_weight,
-                backend=distillation_kernel(Call.of(hidden)),
             )
             count = (targets != IGNORE_INDEX).sum()
             parts.add("kd_loss", kd)

@@ -2,14 +2,12 @@
 
 ``eval-long`` prints one model's table; the long-context quickstart and its dense comparison need the same
 cells of several runs in one table (rows: task × length, columns: runs), which is all this module does.
-Run it as ``python -m llamafactory_zebra.evaluation.compare LABEL=REPORT.json ...``.
+Run it as ``llamafactory-zebra eval-long compare LABEL=DIR ...``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,26 +44,3 @@ def comparison_table(reports: dict[str, dict[str, Any]]) -> str:
         )
         for row in [header, *rows]
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m llamafactory_zebra.evaluation.compare", description="eval-long reports side by side."
-    )
-    parser.add_argument("reports", nargs="+", help="LABEL=PATH: an eval-long output directory or its report.json")
-    args = parser.parse_args(argv)
-    reports = {}
-    for item in args.reports:
-        label, separator, path = item.partition("=")
-        if not separator or not label or not path:
-            parser.error(f"{item!r}: give LABEL=PATH, e.g. before=saves/longctx/eval_before")
-        try:
-            reports[label] = read_report(path)
-        except FileNotFoundError as error:
-            parser.error(str(error))
-    print(comparison_table(reports))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -24,41 +24,20 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention_policy import (
-    FLASH_ATTENTION_BACKENDS,
-    PACKED_DENSE_MASK,
-    PACKED_FLASH_VARLEN,
-    PACKED_FLEX,
-    PACKED_PER_SEGMENT_SDPA,
-    SDPA,
-)
-from ..loss import CHUNKED, LIGER, LOGITS
+from ..attention_policy import FLASH_ATTENTION_BACKENDS, SDPA
+from ..kernel_names import Fact, Family, Key, Op
 from .stack import Stack, detect_stack
 from .switches import SWITCHES, TRITON_INTERPRET_ENV_VAR, Switch, triton_interpreter_enabled
 
 logger = logging.getLogger(__name__)
 
-# The ops, as doctor prints them.
-GDN_CHUNK, GDN_RECURRENT, CONV = "GDN chunk", "GDN recurrent", "conv"
-GDN_PREFILL_IN_SLOTS, GDN_DECODE_STEP, CONV_IN_SLOTS = "GDN prefill in slots", "GDN decode step", "conv in slots"
-GATED_NORM = "GDN gated RMSNorm"
-ATTENTION, LOSS, DISTILLATION_LOSS = "attention", "loss", "distillation loss"
-OPS = (
-    GDN_CHUNK,
-    GDN_RECURRENT,
-    CONV,
-    GDN_PREFILL_IN_SLOTS,
-    GDN_DECODE_STEP,
-    CONV_IN_SLOTS,
-    GATED_NORM,
-    ATTENTION,
-    LOSS,
-    DISTILLATION_LOSS,
-)
-# The families, one name each everywhere (planner, loss, distillation, doctor, known issues).
-FLA, TORCH, CPP, VLLM = "fla", "torch", "cpp", "vllm"
-FLASH_ATTN, FLEX, DENSE = "flash-attn", "flex", "dense"
-FAMILIES = (FLA, TORCH, CPP, VLLM, FLASH_ATTN, FLEX, SDPA, DENSE, LIGER, CHUNKED, LOGITS)
+# The ops and families (``kernel_names.py`` spells them), under the names the rest of the package imports.
+GDN_CHUNK, GDN_RECURRENT, CONV = Op.GDN_CHUNK, Op.GDN_RECURRENT, Op.CONV
+GDN_PREFILL_IN_SLOTS, GDN_DECODE_STEP, CONV_IN_SLOTS = Op.GDN_PREFILL_IN_SLOTS, Op.GDN_DECODE_STEP, Op.CONV_IN_SLOTS
+GATED_NORM, ATTENTION, LOSS, DISTILLATION_LOSS = Op.GATED_NORM, Op.ATTENTION, Op.LOSS, Op.DISTILLATION_LOSS
+OPS = tuple(Op)
+FLA, TORCH, CPP, VLLM, FLASH_ATTN = Family.FLA, Family.TORCH, Family.CPP, Family.VLLM, Family.FLASH_ATTN
+FAMILIES = tuple(Family)
 
 FLA_INSTALL = "pip install fla-core  (the plugin's `gpu` extra pins the tested range)"
 # Where the one GPU measurement of the PyTorch GDN path is (the full Zebra against a same-width Qwen3-1.7B,
@@ -72,7 +51,8 @@ FLA_MISSING = "fla-missing-on-gpu"
 @dataclass(frozen=True)
 class Call:
     """What an op is about to run: its inputs' device type as torch names it (``cuda`` on ROCm too), their
-    dtype, and the op's own facts (``details``: a state's dtype, the attention implementation, …)."""
+    dtype, and the op's own facts (``details``, named by :class:`~..kernel_names.Fact`: a state's dtype, the
+    attention implementation, …; :func:`select` refuses a fact its op does not declare in :data:`FACTS`)."""
 
     device_type: str
     dtype: torch.dtype | None = None
@@ -90,6 +70,10 @@ class Call:
     def facts(self) -> Mapping[str, object]:
         return dict(self.details)
 
+    def fact(self, name: Fact, default: object = None) -> object:
+        """One fact of the call, ``default`` when the caller did not give it."""
+        return self.facts.get(name, default)
+
     @property
     def on_gpu(self) -> bool:
         return self.device_type == "cuda"
@@ -101,10 +85,10 @@ def _always(_: object) -> str | None:
 
 @dataclass(frozen=True)
 class Kernel:
-    op: str
-    key: str  # the implementation's name within its op (the op's IMPLEMENTATIONS table is keyed by it)
+    op: Op
+    key: Key  # the implementation's name within its op (the op's implementation table is keyed by it)
     label: str  # what doctor prints
-    family: str  # one of FAMILIES
+    family: Family
     priority: int  # lower first
     requires: str | None = None  # the pip distribution it needs
     needs: Callable[[Stack], str | None] = _always  # why this machine cannot run it (None: it can)
@@ -172,6 +156,10 @@ def _select(
     entries = sorted((k for k in KERNELS if k.op == op), key=lambda k: k.priority)
     if not entries:
         raise KeyError(f"no kernel registered for op {op!r}; ops: {', '.join(OPS)}")
+    unknown = sorted(set(call.facts) - FACTS[op])
+    if unknown:
+        declared = ", ".join(sorted(FACTS[op])) or "none"
+        raise ValueError(f"{op}: a call with unknown fact(s) {', '.join(unknown)} (its entries read: {declared})")
     if force is not None and force not in {k.key for k in entries}:
         raise ValueError(f"{op}: {force!r} is not one of {', '.join(k.key for k in entries)}")
     facts = call.facts
@@ -337,14 +325,14 @@ def _fla_because(stack: Stack) -> str:
     return f"{installed} on {stack.device.upper()}"
 
 
-def _triton(op: str, family: str, label: str, requires: str, **predicates) -> Kernel:
+def _triton(op: Op, family: Family, label: str, requires: str, **predicates) -> Kernel:
     """A Triton entry (fla's, Liger's): first choice for GPU tensors; CPU ones only when demanded, under
     Triton's interpreter."""
     predicates = {"needs": _triton_needs, "fits": _triton_fits} | predicates
-    return Kernel(op, family, label, family, 0, requires=requires, auto=_gpu_call, **predicates)
+    return Kernel(op, Key(family.value), label, family, 0, requires=requires, auto=_gpu_call, **predicates)
 
 
-def _fla(op: str, label: str) -> Kernel:
+def _fla(op: Op, label: str) -> Kernel:
     return _triton(op, FLA, label, "fla-core", because=_fla_because, missing_warning=FLA_MISSING)
 
 
@@ -358,23 +346,23 @@ def _cpu_inference(call: Call) -> str | None:
     """The C++ CPU kernels' common ground: CPU bf16 or fp32 inputs, nothing that needs a gradient."""
     if call.device_type != "cpu" or call.dtype not in (torch.bfloat16, torch.float32):
         return f"{call.device_type} {call.dtype} inputs (it takes bf16 or fp32 on a CPU)"
-    return "inputs that need a gradient" if call.facts.get("grad") else None
+    return "inputs that need a gradient" if call.fact(Fact.GRAD) else None
 
 
 def _cpu_step_fits(call: Call) -> str | None:
     """The C++ decode step: an fp32 or bf16 state with rows of V contiguous (vLLM's SSM cache as the layer views it)."""
-    facts = call.facts
-    if facts.get("state_dtype") not in (torch.float32, torch.bfloat16):
-        return f"a {facts.get('state_dtype')} state (it takes fp32 or bf16)"
-    if not facts.get("state_rows_contiguous"):
+    state_dtype = call.fact(Fact.STATE_DTYPE)
+    if state_dtype not in (torch.float32, torch.bfloat16):
+        return f"a {state_dtype} state (it takes fp32 or bf16)"
+    if not call.fact(Fact.STATE_ROWS_CONTIGUOUS):
         return "state rows not contiguous in V"
     return _cpu_inference(call)
 
 
 def _cpu_prefill_fits(call: Call) -> str | None:
     """The C++ prefill: an fp32 state."""
-    if call.facts.get("state_dtype") != torch.float32:
-        return f"a {call.facts.get('state_dtype')} state (it takes fp32)"
+    if call.fact(Fact.STATE_DTYPE) != torch.float32:
+        return f"a {call.fact(Fact.STATE_DTYPE)} state (it takes fp32)"
     return _cpu_inference(call)
 
 
@@ -388,7 +376,7 @@ def _bf16_dot_products(stack: Stack) -> str | None:
     return None if stack.cpu_bf16_dot_products else "this CPU has no bf16 dot products (AVX-512-BF16, AMX, Arm bf16)"
 
 
-def _cpp(op: str, key: str, label: str, priority: int, fits: Callable[[Call], str | None], **more) -> Kernel:
+def _cpp(op: Op, key: Key, label: str, priority: int, fits: Callable[[Call], str | None], **more) -> Kernel:
     """An entry of the package's C++ CPU extension (``ops/cpu_extension.py``): built on first use with the
     machine's compiler; a build that fails passes it over (``KernelLoadError``) with one warning."""
     return Kernel(op, key, label, CPP, priority, needs=more.pop("needs", _linux_compiler), fits=fits,
@@ -400,17 +388,16 @@ def _vllm_conv_needs(stack: Stack) -> str | None:
 
 
 def _vllm_conv_fits(call: Call) -> str | None:
-    facts = call.facts
-    if not facts.get("vllm_cpu_platform"):
+    if not call.fact(Fact.VLLM_CPU_PLATFORM):
         return "not vLLM's CPU platform"
-    if call.dtype != torch.bfloat16 or facts.get("width") != 4:
-        return f"{call.dtype} activations, width {facts.get('width')} (it takes bf16, width 4)"
-    return "a dim-first conv state layout" if facts.get("conv_state_dim_first") else None
+    if call.dtype != torch.bfloat16 or call.fact(Fact.WIDTH) != 4:
+        return f"{call.dtype} activations, width {call.fact(Fact.WIDTH)} (it takes bf16, width 4)"
+    return "a dim-first conv state layout" if call.fact(Fact.CONV_STATE_DIM_FIRST) else None
 
 
 def _attention(*implementations: str) -> Callable[[Call], str | None]:
     def fits(call: Call) -> str | None:
-        name = call.facts.get("attn_implementation")
+        name = call.fact(Fact.ATTN_IMPLEMENTATION)
         return None if name in implementations else f"attn_implementation {name}"
 
     return fits
@@ -418,17 +405,17 @@ def _attention(*implementations: str) -> Callable[[Call], str | None]:
 
 def _fused(wanted: bool) -> Callable[[Call], str | None]:
     def fits(call: Call) -> str | None:
-        if bool(call.facts.get("fused", True)) == wanted:
+        if bool(call.fact(Fact.FUSED, True)) == wanted:
             return None
         return "enable_liger_kernel: false (transformers' loss)" if wanted else "fused cross-entropy is on"
 
     return fits
 
 
-def _liger(op: str, label: str) -> Kernel:
+def _liger(op: Op, label: str) -> Kernel:
     return _triton(
         op,
-        LIGER,
+        Family.LIGER,
         label,
         "liger-kernel",
         fits=lambda call: _fused(True)(call) or _triton_fits(call),
@@ -436,56 +423,71 @@ def _liger(op: str, label: str) -> Kernel:
     )
 
 
+# The facts each op's entries read (``Call.fact``); a call that names another is refused, so a misspelt fact
+# fails at its first call instead of reading as absent and passing an entry over with a plausible reason.
+FACTS: Mapping[Op, frozenset[Fact]] = {
+    Op.GDN_CHUNK: frozenset(),
+    Op.GDN_RECURRENT: frozenset(),
+    Op.CONV: frozenset(),
+    Op.GDN_PREFILL_IN_SLOTS: frozenset({Fact.STATE_DTYPE, Fact.GRAD}),
+    Op.GDN_DECODE_STEP: frozenset({Fact.STATE_DTYPE, Fact.STATE_ROWS_CONTIGUOUS, Fact.GRAD}),
+    Op.CONV_IN_SLOTS: frozenset({Fact.WIDTH, Fact.CONV_STATE_DIM_FIRST, Fact.VLLM_CPU_PLATFORM}),
+    Op.GATED_NORM: frozenset({Fact.GRAD, Fact.SAME_GATE}),
+    Op.ATTENTION: frozenset({Fact.ATTN_IMPLEMENTATION}),
+    Op.LOSS: frozenset({Fact.FUSED}),
+    Op.DISTILLATION_LOSS: frozenset(),
+}
+
 KERNELS: tuple[Kernel, ...] = (
     # Training / prefill: the chunked gated delta rule (ops/gated_delta_rule/dispatch.py).
     _fla(GDN_CHUNK, "fla chunk_gated_delta_rule"),
-    Kernel(GDN_CHUNK, "torch-parallel-compiled", "PyTorch chunked GDN (parallel-compiled)", TORCH, 1,
+    Kernel(GDN_CHUNK, Key.TORCH_PARALLEL_COMPILED, "PyTorch chunked GDN (parallel-compiled)", TORCH, 1,
            auto=lambda call: "opt-in (compiling costs tens of seconds per process)"),
-    Kernel(GDN_CHUNK, "torch-parallel", "PyTorch chunked GDN (parallel)", TORCH, 2, auto=_gpu_call),
-    Kernel(GDN_CHUNK, "torch-chunk", "PyTorch chunked GDN (chunk)", TORCH, 3),
+    Kernel(GDN_CHUNK, Key.TORCH_PARALLEL, "PyTorch chunked GDN (parallel)", TORCH, 2, auto=_gpu_call),
+    Kernel(GDN_CHUNK, Key.TORCH_CHUNK, "PyTorch chunked GDN (chunk)", TORCH, 3),
     # Decoding a few tokens (HF generate): the token-by-token rule.
     _fla(GDN_RECURRENT, "fla fused_recurrent_gated_delta_rule"),
-    Kernel(GDN_RECURRENT, "torch", "PyTorch recurrent GDN", TORCH, 1),
+    Kernel(GDN_RECURRENT, Key.TORCH, "PyTorch recurrent GDN", TORCH, 1),
     # GDN's short convolution, whole sequences and decode steps (ops/causal_conv1d.py).
     _fla(CONV, "fla causal_conv1d"),
-    Kernel(CONV, "torch", "PyTorch causal conv", TORCH, 1),
+    Kernel(CONV, Key.TORCH, "PyTorch causal conv", TORCH, 1),
     # Serving (vLLM) prompt chunks on state slots (ops/gated_delta_rule/in_slots.py, chunk_prefill.py): bf16 GEMM
     # operands for bf16 inputs on a CPU with bf16 dot products, as fla feeds its dot products on a GPU.
     _fla(GDN_PREFILL_IN_SLOTS, "fla chunk_gated_delta_rule on gathered slots"),
-    _cpp(GDN_PREFILL_IN_SLOTS, "cpp-bf16-gemm", "C++ prefill on the slots (cpu_prefill.cpp), bf16 GEMM operands", 1,
+    _cpp(GDN_PREFILL_IN_SLOTS, Key.CPP_BF16_GEMM, "C++ prefill on the slots (cpu_prefill.cpp), bf16 GEMM operands", 1,
          lambda call: _cpu_prefill_fits(call) or _bf16_gemm_fits(call),
          needs=lambda stack: _linux_compiler(stack) or _bf16_dot_products(stack),
          because=lambda stack: f"bf16 inputs on a CPU with bf16 dot products, built with {stack.compiler}"),
-    _cpp(GDN_PREFILL_IN_SLOTS, "cpp", "C++ prefill on the slots (cpu_prefill.cpp)", 2, _cpu_prefill_fits),
-    Kernel(GDN_PREFILL_IN_SLOTS, "torch-bf16-gemm", "PyTorch prefill on the slots, bf16 GEMM operands", TORCH, 3,
+    _cpp(GDN_PREFILL_IN_SLOTS, Key.CPP, "C++ prefill on the slots (cpu_prefill.cpp)", 2, _cpu_prefill_fits),
+    Kernel(GDN_PREFILL_IN_SLOTS, Key.TORCH_BF16_GEMM, "PyTorch prefill on the slots, bf16 GEMM operands", TORCH, 3,
            needs=_bf16_dot_products, fits=_bf16_gemm_fits,
            because=lambda stack: "bf16 inputs on a CPU with bf16 dot products"),
-    Kernel(GDN_PREFILL_IN_SLOTS, "torch", "PyTorch prefill on the slots (chunk_prefill.py)", TORCH, 4),
+    Kernel(GDN_PREFILL_IN_SLOTS, Key.TORCH, "PyTorch prefill on the slots (chunk_prefill.py)", TORCH, 4),
     # Serving decode tokens on state slots.
     _fla(GDN_DECODE_STEP, "fla fused_recurrent_gated_delta_rule on gathered slots"),
-    _cpp(GDN_DECODE_STEP, "cpp", "C++ decode step in place (cpu_step.cpp)", 1, _cpu_step_fits),
-    Kernel(GDN_DECODE_STEP, "torch", "PyTorch decode step in place", TORCH, 2),
+    _cpp(GDN_DECODE_STEP, Key.CPP, "C++ decode step in place (cpu_step.cpp)", 1, _cpu_step_fits),
+    Kernel(GDN_DECODE_STEP, Key.TORCH, "PyTorch decode step in place", TORCH, 2),
     # Serving's conv on state slots (serving/vllm/gdn.py): vLLM's C++ conv, else this package's conv op.
-    Kernel(CONV_IN_SLOTS, "vllm-cpp", "vLLM's C++ causal conv (causal_conv1d_*_cpu)", VLLM, 0,
+    Kernel(CONV_IN_SLOTS, Key.VLLM_CPP, "vLLM's C++ causal conv (causal_conv1d_*_cpu)", VLLM, 0,
            requires="vllm", needs=_vllm_conv_needs, fits=_vllm_conv_fits,
            because=lambda stack: f"vllm {stack.version('vllm')} on a CPU with bf16 dot products, bf16 inputs, width 4"),
-    Kernel(CONV_IN_SLOTS, "conv-op", "the conv op on the slots (fla on GPUs, PyTorch elsewhere)", TORCH, 1),
+    Kernel(CONV_IN_SLOTS, Key.CONV_OP, "the conv op on the slots (fla on GPUs, PyTorch elsewhere)", TORCH, 1),
     # The gated RMSNorm closing a GDN layer (ops/gated_rms_norm.py; the vLLM layer on a GPU runs vLLM's own).
-    _cpp(GATED_NORM, "cpp", "C++ one-pass gated RMSNorm (gated_rms_norm.cpp)", 0,
-         lambda call: _cpu_inference(call) or (None if call.facts.get("same_gate") else "a gate of another dtype")),
-    Kernel(GATED_NORM, "torch", "PyTorch gated RMSNorm", TORCH, 1),
+    _cpp(GATED_NORM, Key.CPP, "C++ one-pass gated RMSNorm (gated_rms_norm.cpp)", 0,
+         lambda call: _cpu_inference(call) or (None if call.fact(Fact.SAME_GATE) else "a gate of another dtype")),
+    Kernel(GATED_NORM, Key.TORCH, "PyTorch gated RMSNorm", TORCH, 1),
     # MLA over packed rows (layers/mla.py), named as attention_policy.py names them.
-    Kernel(ATTENTION, PACKED_FLASH_VARLEN, "FlashAttention varlen", FLASH_ATTN, 0,
+    Kernel(ATTENTION, Key.FLASH_VARLEN, "FlashAttention varlen", FLASH_ATTN, 0,
            fits=_attention(*FLASH_ATTENTION_BACKENDS)),
-    Kernel(ATTENTION, PACKED_FLEX, "flex_attention on the samples' borders", FLEX, 1, fits=_attention(SDPA),
+    Kernel(ATTENTION, Key.FLEX_BLOCK_MASK, "flex_attention on the samples' borders", Family.FLEX, 1, fits=_attention(SDPA),
            auto=_gpu_call),
-    Kernel(ATTENTION, PACKED_PER_SEGMENT_SDPA, "one sdpa call per sample", SDPA, 2, fits=_attention(SDPA)),
-    Kernel(ATTENTION, PACKED_DENSE_MASK, "a dense block-causal mask", DENSE, 3),
+    Kernel(ATTENTION, Key.SDPA_PER_SEGMENT, "one sdpa call per sample", Family.SDPA, 2, fits=_attention(SDPA)),
+    Kernel(ATTENTION, Key.DENSE_MASK, "a dense block-causal mask", Family.DENSE, 3),
     # The training loss from hidden states (loss.py); ``fused`` is LLaMA-Factory's enable_liger_kernel.
     _liger(LOSS, "Liger fused linear CE"),
-    Kernel(LOSS, CHUNKED, "chunked PyTorch CE", CHUNKED, 1, fits=_fused(True)),
-    Kernel(LOSS, LOGITS, "full-logit cross-entropy", LOGITS, 2, fits=_fused(False)),
+    Kernel(LOSS, Key.CHUNKED, "chunked PyTorch CE", Family.CHUNKED, 1, fits=_fused(True)),
+    Kernel(LOSS, Key.LOGITS, "full-logit cross-entropy", Family.LOGITS, 2, fits=_fused(False)),
     # Logit distillation (distill/kd_loss.py).
     _liger(DISTILLATION_LOSS, "Liger fused linear JSD"),
-    Kernel(DISTILLATION_LOSS, CHUNKED, "chunked PyTorch KL", CHUNKED, 1),
+    Kernel(DISTILLATION_LOSS, Key.CHUNKED, "chunked PyTorch KL", Family.CHUNKED, 1),
 )  # fmt: skip

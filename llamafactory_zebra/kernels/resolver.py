@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..attention_policy import FLASH_ATTENTION_2, SDPA
+from ..kernel_names import Fact, Family
 from .known_issues import FORWARD, KNOWN_ISSUES, PASSES, KnownIssue
 from .registry import (
     ATTENTION,
@@ -119,17 +120,17 @@ def run_call(op: str, stack: Stack, attn_implementation: str = SDPA, liger_enabl
     device = "cuda" if stack.has_gpu else "cpu"
     details: dict[str, object] = {}
     if op == ATTENTION:
-        details = {"attn_implementation": attn_implementation}
+        details = {Fact.ATTN_IMPLEMENTATION: attn_implementation}
     elif op == LOSS:
-        details = {"fused": liger_enabled}
+        details = {Fact.FUSED: liger_enabled}
     elif op == GDN_DECODE_STEP:  # vLLM keeps the SSM state in fp32 (``mamba_ssm_cache_dtype: auto``), rows of V
-        details = {"state_dtype": torch.float32, "state_rows_contiguous": True}
+        details = {Fact.STATE_DTYPE: torch.float32, Fact.STATE_ROWS_CONTIGUOUS: True}
     elif op == GDN_PREFILL_IN_SLOTS:
-        details = {"state_dtype": torch.float32}
+        details = {Fact.STATE_DTYPE: torch.float32}
     elif op == GATED_NORM:  # no gradient (inference), the gate as wide as the values
-        details = {"grad": False, "same_gate": True}
+        details = {Fact.GRAD: False, Fact.SAME_GATE: True}
     elif op == CONV_IN_SLOTS:  # Zebra's 4-wide conv in vLLM's default conv-state layout
-        details = {"width": 4, "conv_state_dim_first": False, "vllm_cpu_platform": not stack.has_gpu}
+        details = {Fact.WIDTH: 4, Fact.CONV_STATE_DIM_FIRST: False, Fact.VLLM_CPU_PLATFORM: not stack.has_gpu}
     return Call.on(device, RUN_DTYPE, **details)
 
 
@@ -175,7 +176,7 @@ def _choice(op: str, selection: Selection, attn_implementation: str, attention_n
     kernel = selection.kernel
     label, reason = kernel.label, selection.reason
     if op == ATTENTION:
-        if kernel.family == "flash-attn":
+        if kernel.family == Family.FLASH_ATTN:
             label, reason = "FlashAttention-2 varlen", f"flash_attn: fa2, {reason}".rstrip(", ")
         else:
             label = f"{attn_implementation} (packed rows: {kernel.key})"
@@ -192,7 +193,7 @@ def _unavailable_choice(op: str, error: KernelUnavailable) -> Choice:
 
 def _stop_for(op: str, error: KernelUnavailable, stack: Stack) -> Problem:
     """A demanded kernel that cannot run: every phase stops (the op would fail at its first call)."""
-    if error.demanded and error.demanded[0].family == "fla":
+    if error.demanded and error.demanded[0].family == Family.FLA:
         where = "fla-core is not installed" if not stack.version("fla-core") else "there is no GPU"
         message = f"{error.setting} but {where}: every GDN layer would fail at its first call"
         fixes = (FLA_INSTALL if not stack.version("fla-core") else "run on a CUDA or ROCm GPU", "or set it to auto")

@@ -14,7 +14,8 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ..attention_policy import PACKED_DENSE_MASK, PACKED_FLEX, PACKED_PER_SEGMENT_SDPA, SDPA
+from ..attention_policy import SDPA
+from ..kernel_names import Fact, Family, Key, Op
 
 AUTO = "auto"
 TRITON_INTERPRET_ENV_VAR = "TRITON_INTERPRET"
@@ -30,8 +31,8 @@ class SwitchValue:
 @dataclass(frozen=True)
 class Switch:
     env_var: str
-    ops: tuple[str, ...]  # the ops it governs
-    governs: frozenset[str]  # keys or families of those ops' entries it governs
+    ops: tuple[Op, ...]  # the ops it governs
+    governs: frozenset[Key | Family]  # keys or families of those ops' entries it governs
     values: Mapping[str, SwitchValue]
     applies: Callable[[Mapping[str, object]], bool] = field(default=lambda details: True)  # to a call's details
     doc: str = ""
@@ -45,7 +46,7 @@ class Switch:
         return choice
 
 
-def _only(*names: str, strict: bool = False) -> SwitchValue:
+def _only(*names: Key | Family, strict: bool = False) -> SwitchValue:
     return SwitchValue(frozenset(names), forces=True, strict=strict)
 
 
@@ -53,12 +54,12 @@ def _only(*names: str, strict: bool = False) -> SwitchValue:
 BACKEND_ENV_VAR = "ZEBRA_GDN_BACKEND"
 GDN_BACKEND = Switch(
     BACKEND_ENV_VAR,
-    ops=("GDN chunk", "GDN recurrent", "conv", "GDN prefill in slots", "GDN decode step"),
-    governs=frozenset({"fla", "torch", "cpp"}),
+    ops=(Op.GDN_CHUNK, Op.GDN_RECURRENT, Op.CONV, Op.GDN_PREFILL_IN_SLOTS, Op.GDN_DECODE_STEP),
+    governs=frozenset({Family.FLA, Family.TORCH, Family.CPP}),
     values={
         AUTO: SwitchValue(),
-        "torch": SwitchValue(frozenset({"torch", "cpp"})),
-        "fla": _only("fla", strict=True),
+        "torch": SwitchValue(frozenset({Family.TORCH, Family.CPP})),
+        "fla": _only(Family.FLA, strict=True),
     },
     doc="auto: fla's kernels for GPU tensors, PyTorch elsewhere; torch: never fla; fla: fla or a clear error "
     f"(CPU tensors too, under Triton's interpreter: {TRITON_INTERPRET_ENV_VAR}=1)",
@@ -73,13 +74,13 @@ GDN_BACKEND = Switch(
 TORCH_CHUNK_ENV_VAR = "ZEBRA_GDN_TORCH_CHUNK"
 TORCH_CHUNK = Switch(
     TORCH_CHUNK_ENV_VAR,
-    ops=("GDN chunk",),
-    governs=frozenset({"torch-chunk", "torch-parallel", "torch-parallel-compiled"}),
+    ops=(Op.GDN_CHUNK,),
+    governs=frozenset({Key.TORCH_CHUNK, Key.TORCH_PARALLEL, Key.TORCH_PARALLEL_COMPILED}),
     values={
         AUTO: SwitchValue(),
-        "chunk": _only("torch-chunk"),
-        "parallel": _only("torch-parallel"),
-        "parallel-compiled": _only("torch-parallel-compiled"),
+        "chunk": _only(Key.TORCH_CHUNK),
+        "parallel": _only(Key.TORCH_PARALLEL),
+        "parallel-compiled": _only(Key.TORCH_PARALLEL_COMPILED),
     },
     doc="the PyTorch GDN formulation: auto (parallel on GPUs, chunk elsewhere), chunk, parallel, parallel-compiled",
 )
@@ -90,8 +91,8 @@ TORCH_CHUNK = Switch(
 CPU_KERNELS_ENV_VAR = "ZEBRA_CPU_KERNELS"
 CPU_KERNELS = Switch(
     CPU_KERNELS_ENV_VAR,
-    ops=("GDN decode step", "GDN prefill in slots", "GDN gated RMSNorm"),
-    governs=frozenset({"cpp"}),
+    ops=(Op.GDN_DECODE_STEP, Op.GDN_PREFILL_IN_SLOTS, Op.GATED_NORM),
+    governs=frozenset({Family.CPP}),
     values={AUTO: SwitchValue(), "torch": SwitchValue(frozenset())},
     doc="the C++ CPU kernels: auto (built on first use, run where they fit), torch (their PyTorch paths)",
 )
@@ -101,15 +102,15 @@ CPU_KERNELS = Switch(
 PACKED_SDPA_ENV_VAR = "ZEBRA_PACKED_SDPA"
 PACKED_SDPA = Switch(
     PACKED_SDPA_ENV_VAR,
-    ops=("attention",),
-    governs=frozenset({PACKED_FLEX, PACKED_PER_SEGMENT_SDPA, PACKED_DENSE_MASK}),
+    ops=(Op.ATTENTION,),
+    governs=frozenset({Key.FLEX_BLOCK_MASK, Key.SDPA_PER_SEGMENT, Key.DENSE_MASK}),
     values={
         AUTO: SwitchValue(),
-        "flex": _only(PACKED_FLEX),
-        "per_segment": _only(PACKED_PER_SEGMENT_SDPA),
-        "dense_mask": _only(PACKED_DENSE_MASK),
+        "flex": _only(Key.FLEX_BLOCK_MASK),
+        "per_segment": _only(Key.SDPA_PER_SEGMENT),
+        "dense_mask": _only(Key.DENSE_MASK),
     },
-    applies=lambda details: details.get("attn_implementation") == SDPA,
+    applies=lambda details: details.get(Fact.ATTN_IMPLEMENTATION) == SDPA,
     doc="sdpa's packed-row kernel: auto (flex on GPUs, per-segment sdpa elsewhere), flex, per_segment, dense_mask",
 )
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernel_names import Key
 from ..kernels import CONV, Call, run
 from .backend import fla_function
 from .segments import check_cu_seqlens_layout, segment_bounds
@@ -177,8 +178,8 @@ def _causal_conv1d_update_torch(x, conv_state, weight, bias, activation):
 
 
 # The registry's keys → the functions, for whole sequences and for decode steps (op ``conv``).
-SEQUENCE_IMPLEMENTATIONS = {"fla": _causal_conv1d_fla, "torch": _causal_conv1d_torch}
-STEP_IMPLEMENTATIONS = {"fla": _causal_conv1d_update_fla, "torch": _causal_conv1d_update_torch}
+SEQUENCE_IMPLEMENTATIONS = {Key.FLA: _causal_conv1d_fla, Key.TORCH: _causal_conv1d_torch}
+STEP_IMPLEMENTATIONS = {Key.FLA: _causal_conv1d_update_fla, Key.TORCH: _causal_conv1d_update_torch}
 
 
 def causal_conv1d_in_slots(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernel_names import Key
 from ..kernels import GATED_NORM, Call, run
 from .cpu_extension import cpu_kernels
 
@@ -40,4 +41,4 @@ def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.
 
 
 # The registry's keys → the functions (a test checks they name exactly its entries).
-IMPLEMENTATIONS = {"cpp": gated_rms_norm_cpp, "torch": gated_rms_norm_reference}
+IMPLEMENTATIONS = {Key.CPP: gated_rms_norm_cpp, Key.TORCH: gated_rms_norm_reference}

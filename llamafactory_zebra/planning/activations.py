@@ -141,7 +141,7 @@ def _gdn_saved(d: _Dims, k: Kernels) -> dict[str, float]:
     a, H, Kt, Vt = d.a, d.gdn_heads, d.key_dim, d.value_dim
     channels = 2 * Kt + Vt
     gates = a * d.h + a * H + 2 * FP32 * H  # input; sigmoid(beta); softplus input and output (fp32)
-    if k.gdn == "fla":
+    if k.gdn == FLA:
         convolutions = a * channels  # fla's conv saves its input
         # normalised q and k, their rstd, v, the chunk-local cumsum of g and the in-chunk matrix A
         delta_rule = 2 * a * Kt + 2 * FP32 * H + a * Vt + FP32 * H + a * H * GDN_CHUNK
@@ -181,7 +181,7 @@ def _backward_peak(d: _Dims, k: Kernels, layer_type: str, saved: dict[str, float
     else:
         upstream -= saved["gated norm"]
         Kt, Vt, H = d.key_dim, d.value_dim, d.gdn_heads
-        if k.gdn == "fla":
+        if k.gdn == FLA:
             scratch = 2 * a * H * d.dk * d.dv / GDN_CHUNK + a * (2 * Kt + 4 * Vt) + FP32 * (3 * Kt + H)
         else:
             scratch = FP32 * (8 * Kt + 7 * Vt + 7 * H * GDN_CHUNK)

@@ -48,3 +48,27 @@ def test_rows_over_cutoff_are_counted_and_the_fix_named(tmp_path, tiny_tokenizer
 def test_rows_that_fit_say_nothing(tmp_path, tiny_tokenizer_dir, monkeypatch):
     _write(tmp_path, ["short", "word " * 20])
     assert _warnings(tmp_path, tiny_tokenizer_dir, monkeypatch, cutoff_len=256) == []
+
+
+@pytest.mark.parametrize("template_name", ["zebra", "bailing"])  # bailing: a template with efficient_eos
+def test_row_tokens_is_the_length_the_supervised_processor_builds(tiny_tokenizer_dir, template_name):
+    from llamafactory.data import get_template_and_fix_tokenizer
+    from llamafactory.data.processor import SupervisedDatasetProcessor
+    from llamafactory.hparams import DataArguments
+    from transformers import AutoTokenizer
+
+    from llamafactory_zebra.data.cutoff import row_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    data_args = DataArguments(template=template_name, cutoff_len=4096, enable_thinking=False)
+    template = get_template_and_fix_tokenizer(tokenizer, data_args)
+    processor = SupervisedDatasetProcessor(template=template, tokenizer=tokenizer, processor=None, data_args=data_args)
+    messages = [
+        {"role": "user", "content": "Where is the key?"},
+        {"role": "assistant", "content": "Under the mat."},
+        {"role": "user", "content": "And the door?"},
+        {"role": "assistant", "content": "Open."},
+    ]
+    input_ids, _ = processor._encode_data_example(messages[:3], messages[3:], "", "", [], [], [])
+    assert row_tokens(template, tokenizer, messages, "", "") == len(input_ids)
+    assert template.efficient_eos == (template_name == "bailing")

@@ -10,6 +10,7 @@ import string
 
 import pytest
 
+from llamafactory_zebra.cli.main import main
 from llamafactory_zebra.data import retrieval_sft as rs
 from llamafactory_zebra.evaluation import tasks as eval_tasks
 from llamafactory_zebra.evaluation.haystack import noise_haystack
@@ -91,7 +92,7 @@ def test_cli_writes_the_dataset_and_its_dataset_info_entry(sizing, tmp_path, cap
     model, measure, _ = sizing
     (tmp_path / "dataset_info.json").write_text(json.dumps({"mine": {"file_name": "mine.json"}}))
     argv = ["--model", str(model), "--output-dir", str(tmp_path), "--name", "long", "--rows", "3", "--lengths", "512"]
-    assert rs.main(argv) == 0
+    assert main(["data", "retrieval-sft", *argv]) == 0
     info = json.loads((tmp_path / "dataset_info.json").read_text())
     assert info["mine"] == {"file_name": "mine.json"}
     assert info["long"] == {"file_name": "long.json", **rs.SHAREGPT_ENTRY}
@@ -107,8 +108,7 @@ def test_cli_writes_the_dataset_and_its_dataset_info_entry(sizing, tmp_path, cap
 def test_bad_options_are_named_before_anything_is_written(sizing, tmp_path, capsys, argv, named):
     model, _, _ = sizing
     base = ["--model", str(model), "--output-dir", str(tmp_path), "--name", "x", "--rows", "2", "--lengths", "512"]
-    with pytest.raises(SystemExit):
-        rs.main(base + argv)
+    assert main(["data", "retrieval-sft", *base, *argv]) == 2
     assert named in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
 

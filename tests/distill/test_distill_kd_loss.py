@@ -85,7 +85,7 @@ def test_liger_backend_matches_full_logits_on_gpu(reverse):
     batch = [t.cuda() for t in sft_batch(torch.float32, teacher_hidden=16)]
     kwargs = dict(temperature=2.0, reverse=reverse, kl_weight=1.0, ce_weight=0.5)
     expected = value_and_grads(full_logits_kd_loss_sums, *batch, **kwargs)
-    actual = value_and_grads(kd_loss_sums, *batch, backend="liger", **kwargs)
+    actual = value_and_grads(kd_loss_sums, *batch, force="liger", **kwargs)
     count = int((batch[4] != IGNORE_INDEX).sum())
     for got, want in zip(actual, expected, strict=True):
         torch.testing.assert_close(got / count, want / count, rtol=1e-4, atol=1e-5)

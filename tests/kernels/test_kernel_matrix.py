@@ -259,10 +259,10 @@ def test_flash_attention_with_flash_attn_installed(monkeypatch):
 
 
 def test_fused_loss(machine, monkeypatch):
-    """The model's training loss (``enable_liger_kernel``): the registry's key at the forward, run by ``loss.py``."""
+    """The model's training loss (``enable_liger_kernel``): ``loss.py`` runs the registry's choice at the forward."""
     from llamafactory_zebra import loss
 
-    called = spies(monkeypatch, loss, "FUSED_LOSS_SUMS", False, lambda hidden, *a, **k: hidden.float().sum())
+    called = spies(monkeypatch, loss, "LOSS_SUMS", False, lambda hidden, *a, **k: hidden.float().sum())
     model = tiny_model(dtype=torch.float32)
     predicted = model.enable_fused_cross_entropy("auto")
 
@@ -270,7 +270,7 @@ def test_fused_loss(machine, monkeypatch):
         hidden = torch.randn(1, 8, model.config.hidden_size, device=device, dtype=torch.bfloat16)
         weight = torch.randn(model.config.vocab_size, model.config.hidden_size, device=device, dtype=torch.bfloat16)
         labels = torch.zeros(1, 8, dtype=torch.long, device=device)
-        loss.fused_causal_lm_loss(hidden, weight, labels, backend=model.loss_kernel(registry.Call.of(hidden)))
+        loss.fused_causal_lm_loss(hidden, weight, labels)
         return called
 
     assert on_the_machine(machine, run) == [doctor_row(machine, LOSS)] == [predicted]
@@ -279,15 +279,12 @@ def test_fused_loss(machine, monkeypatch):
 def test_distillation_loss(machine, monkeypatch):
     from llamafactory_zebra.distill import kd_loss
 
-    called = []
-    monkeypatch.setattr(kd_loss, "_liger_kd_loss_sums", lambda *a: called.append("liger") or (None, None, None))
-    monkeypatch.setattr(kd_loss._ChunkedLinearKD, "apply", lambda *a: called.append("chunked") or (None, None, None))
+    called = spies(monkeypatch, kd_loss, "KD_LOSS_SUMS", False, lambda *a, **k: (None, None, None))
 
     def run(device):
         hidden, weight = torch.randn(6, 8, device=device), torch.randn(11, 8, device=device)
         targets = torch.zeros(6, dtype=torch.long, device=device)
-        backend = kd_loss.distillation_kernel(registry.Call.of(hidden))
-        kd_loss.kd_loss_sums(hidden, weight, hidden, weight, targets, backend=backend)
+        kd_loss.kd_loss_sums(hidden, weight, hidden, weight, targets)
         return called
 
     assert on_the_machine(machine, run) == [doctor_row(machine, DISTILLATION_LOSS)]

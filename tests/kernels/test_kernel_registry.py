@@ -2,16 +2,23 @@
 the fallback when an installed package does not load. What doctor says against what runs, per machine,
 is ``test_kernel_matrix.py``."""
 
+import ast
 import doctest
 import importlib
+from pathlib import Path
 
 import pytest
 import torch
 
+from llamafactory_zebra import kernels as kernels_package
+from llamafactory_zebra.kernel_names import Fact, Key, Op
 from llamafactory_zebra.kernels import (
     ATTENTION,
     CONV,
+    CONV_IN_SLOTS,
+    DISTILLATION_LOSS,
     FAMILIES,
+    GATED_NORM,
     GDN_CHUNK,
     GDN_DECODE_STEP,
     GDN_PREFILL_IN_SLOTS,
@@ -54,19 +61,41 @@ def test_every_op_has_entries_with_one_family_name_each_and_unique_keys():
     assert {kernel.op for kernel in KERNELS} == set(OPS)
 
 
-@pytest.mark.parametrize(
-    ("module", "table", "op"),
-    [
-        ("llamafactory_zebra.ops.gated_delta_rule.dispatch", "CHUNK_IMPLEMENTATIONS", GDN_CHUNK),
-        ("llamafactory_zebra.ops.gated_delta_rule.dispatch", "RECURRENT_IMPLEMENTATIONS", GDN_RECURRENT),
-        ("llamafactory_zebra.ops.causal_conv1d", "SEQUENCE_IMPLEMENTATIONS", CONV),
-        ("llamafactory_zebra.ops.causal_conv1d", "STEP_IMPLEMENTATIONS", CONV),
-        ("llamafactory_zebra.layers.mla", "PACKED_ATTENTION_FUNCTIONS", ATTENTION),
-        ("llamafactory_zebra.modeling_zebra", "FUSED_LOSS_KEYS", LOSS),
-    ],
-)
+# Every op's implementation tables: the module that runs the op, the table it hands ``run``, the op. The vLLM
+# layer's tables import vLLM (its venv runs them; here they are skipped, not left out).
+IMPLEMENTATION_TABLES = [
+    ("llamafactory_zebra.ops.gated_delta_rule.dispatch", "CHUNK_IMPLEMENTATIONS", GDN_CHUNK),
+    ("llamafactory_zebra.ops.gated_delta_rule.dispatch", "RECURRENT_IMPLEMENTATIONS", GDN_RECURRENT),
+    ("llamafactory_zebra.ops.causal_conv1d", "SEQUENCE_IMPLEMENTATIONS", CONV),
+    ("llamafactory_zebra.ops.causal_conv1d", "STEP_IMPLEMENTATIONS", CONV),
+    ("llamafactory_zebra.ops.gated_delta_rule.in_slots", "PREFILL_IMPLEMENTATIONS", GDN_PREFILL_IN_SLOTS),
+    ("llamafactory_zebra.ops.gated_delta_rule.in_slots", "STEP_IMPLEMENTATIONS", GDN_DECODE_STEP),
+    ("llamafactory_zebra.serving.vllm.gdn", "CONV_STEP_IMPLEMENTATIONS", CONV_IN_SLOTS),
+    ("llamafactory_zebra.serving.vllm.gdn", "CONV_PREFILL_IMPLEMENTATIONS", CONV_IN_SLOTS),
+    ("llamafactory_zebra.ops.gated_rms_norm", "IMPLEMENTATIONS", GATED_NORM),
+    ("llamafactory_zebra.layers.mla", "PACKED_ATTENTION_FUNCTIONS", ATTENTION),
+    ("llamafactory_zebra.loss", "LOSS_SUMS", LOSS),
+    ("llamafactory_zebra.distill.kd_loss", "KD_LOSS_SUMS", DISTILLATION_LOSS),
+]
+
+
+def test_every_op_has_an_implementation_table():
+    assert {op for _, _, op in IMPLEMENTATION_TABLES} == set(OPS)
+
+
+@pytest.mark.parametrize(("module", "table", "op"), IMPLEMENTATION_TABLES)
 def test_each_op_maps_exactly_the_registry_keys(module, table, op):
+    if module.startswith("llamafactory_zebra.serving.vllm"):
+        pytest.importorskip("vllm")
     assert set(getattr(importlib.import_module(module), table)) == set(implementations(op))
+
+
+def test_a_call_with_a_fact_its_op_does_not_read_fails_loudly():
+    with pytest.raises(ValueError, match="GDN decode step: a call with unknown fact.s. state_dtpye"):
+        select(GDN_DECODE_STEP, Call.on("cpu", torch.float32, state_dtpye=torch.float32), CPU)
+    with pytest.raises(ValueError, match="GDN chunk: a call with unknown fact.s. width .its entries read: none."):
+        select(GDN_CHUNK, Call.on("cpu", width=4), CPU)
+    assert set(registry.FACTS) == set(OPS)
 
 
 def test_the_switches_leave_out_force_and_demand():
@@ -152,3 +181,45 @@ def test_a_package_that_does_not_load_passes_to_the_next_entry_with_one_warning(
 def test_the_packed_attention_examples_hold():
     results = doctest.testmod(registry)
     assert results.attempted >= 2 and results.failed == 0
+
+
+def _spelled_names(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """``(line, name)`` of each string literal in ``source`` that is one of ``names``, docstrings and the keys of
+    dict literals that map a switch's values (``"dense_mask": ...``: the variable's values, the user's words)
+    left out."""
+    tree = ast.parse(source)
+    skipped = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(body, list)
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
+            skipped.add(id(body[0].value))
+        if isinstance(node, ast.keyword) and node.arg == "values" and isinstance(node.value, ast.Dict):
+            skipped |= {id(key) for key in node.value.keys}
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in names and id(node) not in skipped
+    ]
+
+
+def test_no_op_name_entry_key_or_fact_is_spelled_outside_its_one_home():
+    """``kernel_names.py`` spells them; the rest of the package names the members. (Plain words that are also
+    keys and families, ``fla``, ``torch``, ``cpp``, are distribution names too, so only the others are held.)"""
+    names = {key.value for key in Key if "-" in key.value or "_" in key.value}
+    names |= {op.value for op in Op if " " in op.value} | {fact.value for fact in Fact}
+    package = Path(kernels_package.__file__).resolve().parents[1]
+    spelled = [
+        f"{path.relative_to(package)}:{line}: {name!r}"
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "kernel_names.py"
+        for line, name in _spelled_names(path.read_text(encoding="utf-8"), names)
+    ]
+    assert spelled == []
+    assert _spelled_names('"""torch-chunk"""\nx = {"conv-op": 1}\nSwitch(values={"torch-chunk": 2})\n', names) == [
+        (2, "conv-op")
+    ]

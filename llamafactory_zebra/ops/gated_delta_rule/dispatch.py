@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from ...kernel_names import Key
 from ...kernels import GDN_CHUNK, GDN_RECURRENT, Call, run
 from ..backend import fla_function
 from .checks import check_gdn_inputs
@@ -39,14 +40,14 @@ def _fla(name: str) -> Callable:
 
 # The registry's keys → the functions (a test checks they name exactly its entries).
 CHUNK_IMPLEMENTATIONS: dict[str, Callable] = {
-    "fla": _fla("chunk_gated_delta_rule"),
-    "torch-parallel-compiled": functools.partial(chunk_gated_delta_rule_parallel, compile=True),
-    "torch-parallel": chunk_gated_delta_rule_parallel,
-    "torch-chunk": chunk_gated_delta_rule_torch,
+    Key.FLA: _fla("chunk_gated_delta_rule"),
+    Key.TORCH_PARALLEL_COMPILED: functools.partial(chunk_gated_delta_rule_parallel, compile=True),
+    Key.TORCH_PARALLEL: chunk_gated_delta_rule_parallel,
+    Key.TORCH_CHUNK: chunk_gated_delta_rule_torch,
 }
 RECURRENT_IMPLEMENTATIONS: dict[str, Callable] = {
-    "fla": _fla("fused_recurrent_gated_delta_rule"),
-    "torch": fused_recurrent_gated_delta_rule_torch,
+    Key.FLA: _fla("fused_recurrent_gated_delta_rule"),
+    Key.TORCH: fused_recurrent_gated_delta_rule_torch,
 }
 
 

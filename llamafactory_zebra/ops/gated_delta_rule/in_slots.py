@@ -41,6 +41,7 @@ from collections.abc import Callable
 
 import torch
 
+from ...kernel_names import Key
 from ...kernels import GDN_DECODE_STEP, GDN_PREFILL_IN_SLOTS, Call, run
 from ..backend import fla_function
 from .checks import check_gdn_inputs, compute_dtype, l2norm
@@ -219,11 +220,11 @@ def _with(function: Callable, **options) -> Callable:
 
 
 # The registry's keys → the functions (a test checks they name exactly its entries).
-STEP_IMPLEMENTATIONS: dict[str, Callable] = {"fla": _step_fla, "cpp": cpu_step_in_slots, "torch": _step_torch}
+STEP_IMPLEMENTATIONS: dict[str, Callable] = {Key.FLA: _step_fla, Key.CPP: cpu_step_in_slots, Key.TORCH: _step_torch}
 PREFILL_IMPLEMENTATIONS: dict[str, Callable] = {
-    "fla": _prefill_fla,
-    "cpp-bf16-gemm": _with(chunk_gated_delta_rule_prefill_cpp, bf16_operands=True),
-    "cpp": _with(chunk_gated_delta_rule_prefill_cpp, bf16_operands=False),
-    "torch-bf16-gemm": _with(chunk_gated_delta_rule_prefill, matmul_dtype=torch.bfloat16),
-    "torch": chunk_gated_delta_rule_prefill,
+    Key.FLA: _prefill_fla,
+    Key.CPP_BF16_GEMM: _with(chunk_gated_delta_rule_prefill_cpp, bf16_operands=True),
+    Key.CPP: _with(chunk_gated_delta_rule_prefill_cpp, bf16_operands=False),
+    Key.TORCH_BF16_GEMM: _with(chunk_gated_delta_rule_prefill, matmul_dtype=torch.bfloat16),
+    Key.TORCH: chunk_gated_delta_rule_prefill,
 }

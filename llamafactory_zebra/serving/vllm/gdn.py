@@ -13,8 +13,10 @@ training layer's formula), the conv (``ops.causal_conv1d_in_slots`` / ``causal_c
 and the recurrence (``ops.chunk_gated_delta_rule_in_slots`` for prompt chunks,
 ``ops.fused_recurrent_gated_delta_rule_in_slots`` for decode tokens). Each op asks the kernel registry
 (``kernels/registry.py``) at each call: fla on a GPU, the package's C++ kernels or PyTorch on a CPU; this
-module only reads vLLM's metadata and slot layout. The registry also decides, once per layer, whether the
-conv runs vLLM's own C++ causal conv (:func:`conv_in_slots_kernel`), a vLLM kernel ``ops/`` cannot import. Each request is its own segment (``cu_seqlens`` from the metadata), so batched
+module only reads vLLM's metadata and slot layout. The conv is the registry's ``conv in slots`` op, run
+the same way from this module's tables (:data:`CONV_STEP_IMPLEMENTATIONS`, :data:`CONV_PREFILL_IMPLEMENTATIONS`):
+vLLM's own C++ causal conv, a vLLM kernel ``ops/`` cannot import, where it fits (:func:`conv_in_slots_call`),
+else the project's conv op. Each request is its own segment (``cu_seqlens`` from the metadata), so batched
 requests never share a window or a state.
 
 Zebra keeps separate ``q_conv1d``/``k_conv1d``/``v_conv1d`` weights; being depthwise, they are one
@@ -43,8 +45,8 @@ from vllm.platforms import current_platform
 from vllm.utils.torch_utils import direct_register_custom_op
 
 from ...configuration_zebra import ZebraConfig
-from ...kernels import CONV_IN_SLOTS, GDN_DECODE_STEP, Call, KernelLoadError, select
-from ...kernels.registry import CPP
+from ...kernel_names import Family, Key
+from ...kernels import CONV_IN_SLOTS, GDN_DECODE_STEP, Call, KernelLoadError, run, select
 from ...ops import (
     causal_conv1d_in_slots,
     causal_conv1d_update_in_slots,
@@ -109,11 +111,11 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         self.conv_kernel_size = config.gdn_conv_size
         self.activation = "silu"
         dtype = vllm_config.model_config.dtype
-        self.conv_kernel = conv_in_slots_kernel(dtype, self.conv_kernel_size)
+        self.conv_call = conv_in_slots_call(dtype, self.conv_kernel_size)
         step_call = Call.on(
             current_platform.device_type, dtype, state_dtype=self.state_dtypes[1], state_rows_contiguous=True
         )
-        if select(GDN_DECODE_STEP, step_call).kernel.family == CPP:
+        if select(GDN_DECODE_STEP, step_call).kernel.family == Family.CPP:
             try:
                 cpu_kernels()  # build (or load the cached build of) the C++ CPU kernels at load, not mid-request
             except KernelLoadError:
@@ -212,13 +214,9 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
     def _decode(self, mixed, g, beta, slots, out) -> None:
         """One token per request: the conv windows and the SSM states advance in their slots."""
         conv_cache, ssm_cache = self._state_slots()
-        if self.conv_kernel == "vllm-cpp":
-            conv_out = vllm_ops.causal_conv1d_update_cpu(
-                x=mixed, conv_states=conv_cache, weight=self.conv1d.weight, bias=None, silu_activation=True,
-                conv_state_indices=slots.to(torch.int32), is_weight_packed=False,
-            )  # fmt: skip
-        else:
-            conv_out = causal_conv1d_update_in_slots(mixed, self.conv1d.weight, conv_cache, slots)
+        conv_out = run(
+            CONV_IN_SLOTS, self.conv_call, CONV_STEP_IMPLEMENTATIONS, mixed, self.conv1d.weight, conv_cache, slots
+        )
         q, k, v = self._split_heads(conv_out)
         output = fused_recurrent_gated_delta_rule_in_slots(
             q, k, v, g, beta, ssm_cache, slots, use_qk_l2norm_in_kernel=True
@@ -229,14 +227,8 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         """Whole prompt chunks, one ``cu_seqlens`` segment per request, from each slot's state (zeros for a
         request's first chunk); final states go back to the slots."""
         conv_cache, ssm_cache = self._state_slots()
-        if self.conv_kernel == "vllm-cpp":
-            conv_out = vllm_ops.causal_conv1d_fwd_cpu(
-                x=mixed.transpose(0, 1), weight=self.conv1d.weight, bias=None, conv_states=conv_cache,
-                query_start_loc=starts.to(torch.int32), cache_indices=slots.to(torch.int32),
-                has_initial_state=~fresh, silu_activation=True, is_weight_packed=False,
-            ).transpose(0, 1)[None]  # fmt: skip
-        else:
-            conv_out = causal_conv1d_in_slots(mixed[None], self.conv1d.weight, conv_cache, slots, starts, ~fresh)
+        arguments = (mixed, self.conv1d.weight, conv_cache, slots, starts, ~fresh)
+        conv_out = run(CONV_IN_SLOTS, self.conv_call, CONV_PREFILL_IMPLEMENTATIONS, *arguments)
         q, k, v = self._split_heads(conv_out)
         output = chunk_gated_delta_rule_in_slots(
             q, k, v, g[None], beta[None], ssm_cache, slots, starts, ~fresh, use_qk_l2norm_in_kernel=True
@@ -255,17 +247,40 @@ class ZebraRMSNormGated(RMSNormGated):
         return gated_rms_norm(x, z, self.weight, self.eps)
 
 
-def conv_in_slots_kernel(dtype: torch.dtype, width: int) -> str:
-    """The registry's choice of the layer's conv (``conv in slots``): ``vllm-cpp``, vLLM's C++ causal conv
-    (``vllm._custom_ops.causal_conv1d_*_cpu``; its speed against this project's PyTorch conv:
+def conv_in_slots_call(dtype: torch.dtype, width: int) -> Call:
+    """The layer's ``conv in slots`` call: what the registry needs to choose between ``vllm-cpp``, vLLM's C++
+    causal conv (``vllm._custom_ops.causal_conv1d_*_cpu``; its speed against this project's PyTorch conv:
     ``benchmarks/bench_vllm_gdn_cpu.py``), which takes bf16 activations, a 4-wide window and vLLM's default
-    conv-state layout on its CPU platform on a CPU with bf16 dot products; else ``conv-op``, this project's conv
-    op, which dispatches to fla on a GPU. Fixed per layer, so it is asked once, when the layer is built."""
-    call = Call.on(
+    conv-state layout on its CPU platform on a CPU with bf16 dot products, and ``conv-op``, this project's conv
+    op, which dispatches to fla on a GPU. Fixed per layer, so it is built once, with the layer."""
+    return Call.on(
         current_platform.device_type, dtype, width=width, conv_state_dim_first=is_conv_state_dim_first(),
         vllm_cpu_platform=current_platform.is_cpu(),
     )  # fmt: skip
-    return select(CONV_IN_SLOTS, call).kernel.key
+
+
+def _vllm_conv_step(mixed, weight, conv_cache, slots) -> torch.Tensor:
+    return vllm_ops.causal_conv1d_update_cpu(
+        x=mixed, conv_states=conv_cache, weight=weight, bias=None, silu_activation=True,
+        conv_state_indices=slots.to(torch.int32), is_weight_packed=False,
+    )  # fmt: skip
+
+
+def _vllm_conv_prefill(mixed, weight, conv_cache, slots, starts, initial) -> torch.Tensor:
+    return vllm_ops.causal_conv1d_fwd_cpu(
+        x=mixed.transpose(0, 1), weight=weight, bias=None, conv_states=conv_cache,
+        query_start_loc=starts.to(torch.int32), cache_indices=slots.to(torch.int32),
+        has_initial_state=initial, silu_activation=True, is_weight_packed=False,
+    ).transpose(0, 1)[None]  # fmt: skip
+
+
+def _conv_op_prefill(mixed, weight, conv_cache, slots, starts, initial) -> torch.Tensor:
+    return causal_conv1d_in_slots(mixed[None], weight, conv_cache, slots, starts, initial)
+
+
+# The ``conv in slots`` op's implementations by registry key: decode tokens, and prompt chunks.
+CONV_STEP_IMPLEMENTATIONS = {Key.VLLM_CPP: _vllm_conv_step, Key.CONV_OP: causal_conv1d_update_in_slots}
+CONV_PREFILL_IMPLEMENTATIONS = {Key.VLLM_CPP: _vllm_conv_prefill, Key.CONV_OP: _conv_op_prefill}
 
 
 def zebra_gdn_core(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:

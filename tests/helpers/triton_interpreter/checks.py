@@ -142,7 +142,7 @@ def cross_entropy_case(dtype: torch.dtype) -> Callable:
     def run():
         backend = "liger" if os.environ[BACKEND_ENV_VAR] == "fla" else "chunked"
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-        loss = fused_causal_lm_loss(h, w, labels, backend=backend, num_items_in_batch=torch.tensor(100))
+        loss = fused_causal_lm_loss(h, w, labels, force=backend, num_items_in_batch=torch.tensor(100))
         loss.backward()
         return {"loss": loss, "grad_hidden": h.grad, "grad_weight": w.grad}
 
