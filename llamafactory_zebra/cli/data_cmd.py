@@ -1,4 +1,5 @@
-"""``llamafactory-zebra data inspect TRAIN.yaml``, ``data list`` and the generators (``data retrieval-sft``).
+"""``llamafactory-zebra data inspect TRAIN.yaml``, ``data list`` and the generators (``data retrieval-sft``,
+``data passkey-sft``).
 
 Before an 80-hour run: how many rows each dataset keeps and why the others are dropped, how long
 the rows are, how they pack into ``cutoff_len`` and how many optimizer steps that makes.
@@ -58,6 +59,16 @@ def add_parser(subparsers: Any) -> None:
     add_generated_dataset_arguments(retrieval)
     _add_retrieval_arguments(retrieval)
     retrieval.set_defaults(func=run_retrieval_sft)
+
+    passkey = commands.add_parser(
+        "passkey-sft",
+        help="write passkey SFT rows (eval-long's passkey wording, keys of other lengths, some other filler)",
+        description="Write passkey retrieval SFT rows (sharegpt) and their dataset_info.json entry; none of them "
+        "is an eval-long sample (their keys never have eval-long's digit count).",
+    )
+    add_generated_dataset_arguments(passkey)
+    _add_passkey_arguments(passkey)
+    passkey.set_defaults(func=run_passkey_sft)
 
     parser.set_defaults(func=lambda args: _missing_command(parser))
 
@@ -128,6 +139,46 @@ def run_retrieval_sft(args: argparse.Namespace) -> int:
         return 2
     return write_generated(
         args, lambda measure, encode: make_rows(args.rows, args.lengths, args.seed, measure, encode, options)
+    )
+
+
+def _add_passkey_arguments(parser: argparse.ArgumentParser) -> None:
+    from ..data.passkey_sft import PasskeyOptions
+
+    parser.add_argument(
+        "--key-digits",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=PasskeyOptions.key_digits,
+        help="digit counts of the keys, comma-separated (never eval-long's)",
+    )
+    parser.add_argument(
+        "--other-filler-share",
+        type=float,
+        default=PasskeyOptions.other_filler_share,
+        help="rows whose filler is the retrieval grammar's sentences instead of the standard filler",
+    )
+    parser.add_argument(
+        "--instruction-share",
+        type=float,
+        default=PasskeyOptions.instruction_share,
+        help="rows that open with the papers' instruction (a row too short for it goes without)",
+    )
+
+
+def run_passkey_sft(args: argparse.Namespace) -> int:
+    from ..data.passkey_sft import PasskeyOptions, make_passkey_rows
+
+    try:
+        options = PasskeyOptions(
+            key_digits=args.key_digits,
+            other_filler_share=args.other_filler_share,
+            instruction_share=args.instruction_share,
+        )
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return write_generated(
+        args, lambda measure, encode: make_passkey_rows(args.rows, args.lengths, args.seed, measure, encode, options)
     )
 
 
