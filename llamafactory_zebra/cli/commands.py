@@ -43,4 +43,8 @@ SUBCOMMANDS = {
     "eval-long-compare": Subcommand(
         "llamafactory_zebra.cli.eval_long_compare_cmd", "eval-long reports side by side (before/after, model/model)"
     ),
+    "eval-long-curve": Subcommand(
+        "llamafactory_zebra.cli.eval_long_curve_cmd",
+        "eval-long scores of a run's checkpoints against training tokens (a learning curve and its picture)",
+    ),
 }
