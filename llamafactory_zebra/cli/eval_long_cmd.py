@@ -1,7 +1,8 @@
 """``llamafactory-zebra eval-long INFER.yaml``: does the model use its long context? RULER-style scores.
 
 Writes ``report.json`` (scores per task × length, the depth × length grid, every sample's answer),
-``depth_heatmap.png``, and with ``--ppl-file`` a per-position perplexity curve, into ``--output-dir``.
+``depth_heatmap.png`` (and ``depth_heatmap_TASK.png`` for each of several depth tasks), and with ``--ppl-file`` a
+per-position perplexity curve, into ``--output-dir``.
 Everything that can be checked without the model — task names, lengths, the haystack source — is
 checked before the weights load, and lengths are checked against the model's
 ``max_position_embeddings`` before any sample is generated.
@@ -124,6 +125,10 @@ def run(args: argparse.Namespace) -> int:
             f"{loaded.name}: {', '.join(summary['depth_heatmap']['tasks'])}",
         )
         print(f"depth × length heatmap: {heatmap}")
+    if len(summary["depth_heatmaps"]) > 1:
+        for task, grid in summary["depth_heatmaps"].items():
+            rep.plot_depth_heatmap(grid, output / f"depth_heatmap_{task}.png", f"{loaded.name}: {task}")
+        print(f"one per task: {output / 'depth_heatmap_TASK.png'} ({', '.join(summary['depth_heatmaps'])})")
     if args.ppl_file:
         import torch
 

@@ -154,7 +154,8 @@ def run_tasks(
 
 
 def summarize(results: Sequence[SampleResult], settings: EvalSettings) -> dict[str, Any]:
-    """Mean score (percent) per task × length, the mean over tasks per length, and the depth heatmap."""
+    """Mean score (percent) per task × length, the mean over tasks per length, and the depth heatmaps (all depth
+    tasks together, and each alone)."""
     scores = {
         task: {
             str(length): mean_percent(r.score for r in results if r.sample.task == task and r.sample.length == length)
@@ -168,14 +169,25 @@ def summarize(results: Sequence[SampleResult], settings: EvalSettings) -> dict[s
         )
         for length in settings.lengths
     }
-    depths = depth_grid(settings.depths)
     heatmap_tasks = [task for task in settings.tasks if task in DEPTH_TASKS]
+    return {
+        "scores": scores,
+        "average": average,
+        "depth_heatmap": depth_heatmap(results, heatmap_tasks, settings),
+        # One grid per task too: a mean over tasks hides which one the model can do (passkey beside niah).
+        "depth_heatmaps": {task: depth_heatmap(results, [task], settings) for task in heatmap_tasks},
+    }
+
+
+def depth_heatmap(results: Sequence[SampleResult], tasks: Sequence[str], settings: EvalSettings) -> dict[str, Any]:
+    """Mean score (percent) of ``tasks``' samples per needle depth × length."""
+    depths = depth_grid(settings.depths)
     grid = [
         [
             mean_percent(
                 r.score
                 for r in results
-                if r.sample.task in heatmap_tasks
+                if r.sample.task in tasks
                 and r.sample.length == length
                 and r.sample.depth is not None
                 and math.isclose(r.sample.depth, depth)
@@ -184,11 +196,7 @@ def summarize(results: Sequence[SampleResult], settings: EvalSettings) -> dict[s
         ]
         for depth in depths
     ]
-    return {
-        "scores": scores,
-        "average": average,
-        "depth_heatmap": {"tasks": heatmap_tasks, "depths": depths, "lengths": list(settings.lengths), "scores": grid},
-    }
+    return {"tasks": list(tasks), "depths": depths, "lengths": list(settings.lengths), "scores": grid}
 
 
 @torch.no_grad()

@@ -173,7 +173,7 @@ def test_unknown_task_lists_the_valid_ones(capsys, tmp_path):
     config = tmp_path / "infer.yaml"
     config.write_text("model_name_or_path: nowhere\n")
     assert main(["eval-long", str(config), "--tasks", "niah_single,needle"]) == 2
-    assert "unknown task(s) needle; valid tasks: niah_single" in capsys.readouterr().err
+    assert "unknown task(s) needle; valid tasks: passkey, niah_single" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -309,6 +309,16 @@ def test_eval_long_command_writes_scores_heatmap_and_perplexity_curve(tmp_path):
     assert set(report["scores"]["niah_single"]) == {"384", "512"}
     assert len(report["samples"]) == 8 and all(s["prompt_tokens"] + 3 <= s["length"] for s in report["samples"])
     assert report["depth_heatmap"]["depths"] == [0.0, 1.0]
+    assert report["depth_heatmap"]["tasks"] == ["niah_single", "qa_synthetic"]
+    # each task's own grid too, and its cells are that task's mean alone
+    grid = report["depth_heatmaps"]["qa_synthetic"]
+    qa = [
+        s["score"]
+        for s in report["samples"]
+        if s["task"] == "qa_synthetic" and s["length"] == 512 and s["depth"] == 1.0
+    ]
+    assert grid["tasks"] == ["qa_synthetic"] and grid["scores"][1][1] == pytest.approx(100 * sum(qa) / len(qa))
+    assert (out / "depth_heatmap_niah_single.png").is_file() and (out / "depth_heatmap_qa_synthetic.png").is_file()
     assert len(report["perplexity"]["perplexity"]) == 4 and report["perplexity"]["position"][-1] <= 512
     assert (out / "depth_heatmap.png").stat().st_size > 1000
     assert (out / "perplexity.png").stat().st_size > 1000
