@@ -1,13 +1,14 @@
 """How many training tokens does a random ``tiny-16k`` Zebra need before it copies a value out of its context?
 
-Why it exists: the long-context quickstart (``scripts/longctx_quickstart.sh``) misses its retrieval target,
-and each ``llamafactory-cli train`` run costs minutes of start-up and packing. This probe trains the same
-model on the same kind of rows in a plain PyTorch loop (short samples packed into rows with restarting
-``position_ids``, loss on the answers only, AdamW, warm-up then cosine) and, every ``--eval-every`` steps,
-scores eval-long's own ``niah_single`` samples (its noise haystack, its wording) teacher-forced: the share
-of the value's digits whose greedy prediction is right, and the share of samples with all digits right.
+Why it exists: each ``llamafactory-cli train`` run of the long-context quickstart (``scripts/longctx_quickstart.sh``)
+costs minutes of start-up and packing, too slow to search a recipe with. This probe trains the same model on
+the same kind of rows in a plain PyTorch loop (short samples packed into rows with restarting ``position_ids``,
+loss on the answers only or ``--dense-loss``, AdamW, warm-up then cosine) and, every ``--eval-every`` steps,
+scores eval-long's own samples of ``--eval-task`` (``niah_single`` or ``passkey``; its noise haystack, its
+wording) teacher-forced: the share of the value's digits whose greedy prediction is right, and the share of
+samples with all digits right. ``--schedule`` runs a curriculum (sample lengths and row kind by stage).
 
-Two kinds of training rows:
+Three kinds of training rows:
 
 - ``niah``: :mod:`llamafactory_zebra.data.retrieval_sft` rows, eval-long's wording (needle "One of the special
   magic numbers for KEY is: VALUE.", answer "The special magic number for KEY mentioned in the provided text
@@ -15,8 +16,12 @@ Two kinds of training rows:
 - ``secret``: "The secret word is VALUE." among a few filler sentences, asked back; ``--answer-prefix`` sets the
   words the answer puts before the value. With the needle's own words ("The secret word is") the value follows
   the same tokens in needle and answer, a copy an induction head makes; with other words the model has to
-  find the value from words the needle does not hold, which is what eval-long's ``niah`` asks.
+  find the value from words the needle does not hold, which is what eval-long's ``niah`` asks;
+- ``passkey``: :mod:`llamafactory_zebra.data.passkey_sft` rows (the quickstart's), ``--instruction-share`` of them
+  opening with the papers' instruction.
 
+    python benchmarks/probe_retrieval_learning.py --rows passkey --instruction-share 0.3 --lengths 100-300 \
+        --steps 3000 --lr 1e-3 --eval-task passkey --eval-every 250 --eval-lengths 300,1024 --eval-samples 8
     python benchmarks/probe_retrieval_learning.py --rows niah --needles 1-1 --lengths 160-240
     python benchmarks/probe_retrieval_learning.py --rows secret --value number
     python benchmarks/probe_retrieval_learning.py --rows secret --value number --answer-prefix "The number you asked for is"
@@ -40,11 +45,19 @@ def span(text: str) -> tuple[int, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="saves/longctx/zebra-init", help="an init'ed model (config, tokenizer)")
-    parser.add_argument("--rows", choices=("niah", "secret"), default="niah")
+    parser.add_argument("--rows", choices=("niah", "secret", "passkey"), default="niah")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--row-tokens", type=int, default=2048, help="packed row length")
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--lengths", type=span, default=(160, 240), help="niah: tokens per sample")
+    parser.add_argument("--lengths", type=span, default=(160, 240), help="niah, passkey: tokens per sample")
+    parser.add_argument(
+        "--schedule",
+        default="",
+        help="curriculum: STEPS:LOW-HIGH[:ROWS],... (sample lengths and row kind by stage; overrides --lengths)",
+    )
+    parser.add_argument("--instruction-share", type=float, default=1.0, help="passkey: rows with the instruction")
+    parser.add_argument("--dense-loss", action="store_true", help="loss on every token, not the answers only")
+    parser.add_argument("--eval-task", choices=("niah_single", "passkey"), default="niah_single")
     parser.add_argument("--needles", type=span, default=(1, 1), help="niah: needles per sample")
     parser.add_argument("--questions", type=int, default=1, help="niah: questions per sample")
     parser.add_argument("--filler-numbers", type=float, default=0.0, help="niah: share of filler with a number")
@@ -64,7 +77,7 @@ def main() -> int:
     from transformers import AutoConfig, AutoTokenizer
 
     from llamafactory_zebra import ZebraForCausalLM
-    from llamafactory_zebra.data import retrieval_sft
+    from llamafactory_zebra.data import passkey_sft, retrieval_sft
     from llamafactory_zebra.data.cutoff import row_tokens
     from llamafactory_zebra.evaluation import tasks
     from llamafactory_zebra.evaluation.haystack import noise_haystack
@@ -106,21 +119,44 @@ def main() -> int:
             {"role": "assistant", "content": f"{args.answer_prefix} {value}."},
         ]
 
+    stages = [
+        (int(steps), span(lengths), kind[0] if kind else args.rows)
+        for steps, lengths, *kind in (part.split(":") for part in args.schedule.split(",") if part)
+    ]
+    if stages:
+        args.steps = sum(steps for steps, _, _ in stages)
+    passkey_options = passkey_sft.PasskeyOptions(instruction_share=args.instruction_share)
+    passkey_haystacks = (noise_haystack(encode), filler)
+    current = {"step": 0}
+
+    def stage() -> tuple[tuple[int, int], str]:
+        done = 0
+        for steps, lengths, kind in stages:
+            done += steps
+            if current["step"] < done:
+                return lengths, kind
+        return (stages[-1][1], stages[-1][2]) if stages else (args.lengths, args.rows)
+
     def sample() -> tuple[list[int], list[int]]:
         row_rng = random.Random(rng.random())
-        if args.rows == "secret":
+        lengths, kind = stage()
+        length = row_rng.randint(*lengths)
+        if kind == "secret":
             messages = secret_row(row_rng)
+        elif kind == "passkey":
+            haystack = passkey_haystacks[row_rng.random() < passkey_options.other_filler_share]
+            messages = passkey_sft.make_passkey_row(row_rng, length, haystack, measure, passkey_options)
         else:
-            messages = retrieval_sft.make_row(row_rng, row_rng.randint(*args.lengths), filler, measure, options)
+            messages = retrieval_sft.make_row(row_rng, length, filler, measure, options)
         ids, labels = [], []
         for prompt, answer in chat.encode_multiturn(tokenizer, messages):
             ids += prompt + answer
-            labels += [-100] * len(prompt) + answer
+            labels += (prompt if args.dense_loss else [-100] * len(prompt)) + answer
         return ids, [-100] + labels[1:]  # a sample's first token is never predicted from the previous sample
 
     def packed_row() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         ids, labels, positions = [], [], []
-        while len(ids) + len(next_sample[0]) <= args.row_tokens:
+        while not ids or len(ids) + len(next_sample[0]) <= args.row_tokens:
             ids += next_sample[0]
             labels += next_sample[1]
             positions += range(len(next_sample[0]))
@@ -139,8 +175,8 @@ def main() -> int:
         right = digits = whole = 0
         for index in range(args.eval_samples):
             depth = (index + 0.5) / args.eval_samples
-            item = tasks.niah_single(length, index, depth, random.Random(f"eval/{index}"), haystack, eval_measure,
-                                     tasks.TaskOptions())  # fmt: skip
+            item = tasks.TASKS[args.eval_task](length, index, depth, random.Random(f"eval/{index}"), haystack,
+                                               eval_measure, tasks.TaskOptions())  # fmt: skip
             reply = f"{item.answer_prefix} {item.answers[0]}."
             ((prompt, answer),) = chat.encode_multiturn(
                 tokenizer, [{"role": "user", "content": item.prompt}, {"role": "assistant", "content": reply}]
@@ -163,6 +199,7 @@ def main() -> int:
     print(f"{'step':>6} {'tokens':>10} {'seconds':>8} {'loss':>7}  niah_single digits / whole values, by length")
     started, tokens, losses = time.perf_counter(), 0, []
     for step in range(1, args.steps + 1):
+        current["step"] = step
         ids, labels, positions = packed_row()
         loss = model(input_ids=ids, labels=labels, position_ids=positions).loss
         loss.backward()
