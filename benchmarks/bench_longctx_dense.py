@@ -8,7 +8,8 @@ the same rows, YAMLs and steps). This script then
    larger than Qwen3's attention at this width, so the dense MLP is wider);
 2. runs eval-long on it before training, the two staged ``llamafactory-cli train`` calls with the
    quickstart's YAMLs (model, template ``qwen3`` and output directory overridden), and eval-long after,
-   with the quickstart's eval settings;
+   with the quickstart's eval settings; then the learning curve of its checkpoints with the quickstart's curve
+   settings, drawn beside the Zebra's (``saves/longctx/dense/curve/curve.png``);
 3. measures training tokens/s and the peak resident memory of ``llamafactory-cli train`` for both models on
    8K and 16K packed rows (stage 2's YAML, ``max_steps`` steps, the first one not timed; the peak is the
    train process's ``ru_maxrss``, the whole process: Python, LLaMA-Factory, model, optimizer, activations);
@@ -32,7 +33,7 @@ OUT = Path("saves/longctx")
 BIN = Path(sys.executable).parent
 LLAMAFACTORY_CLI, ZEBRA_CLI = str(BIN / "llamafactory-cli"), str(BIN / "llamafactory-zebra")
 STAGES = ("examples/longctx/stage1_short_cpu.yaml", "examples/longctx/stage2_long_cpu.yaml")
-EVAL_ARGS = ["--depths", "3", "--max-new-tokens", "40"]  # as scripts/longctx_quickstart.sh runs eval-long
+EVAL_ARGS = ["--depths", "3", "--max-new-tokens", "16"]  # as scripts/longctx_quickstart.sh runs eval-long
 
 
 def build_dense(zebra_dir: Path, output_dir: Path, tokenizer: bool = True) -> tuple[int, int]:
@@ -89,6 +90,16 @@ def eval_long(infer: Path, output: Path, settings: dict) -> None:
          lengths, "--samples", str(settings["samples"]), "--output-dir", str(output), *EVAL_ARGS])  # fmt: skip
 
 
+def learning_curve(dense_dir: Path, stages: list[Path]) -> None:
+    """The dense twin's curve with the quickstart's settings, the Zebra's curve drawn beside it (one picture)."""
+    zebra = json.loads((OUT / "curve" / "curve.json").read_text(encoding="utf-8"))
+    settings = zebra["settings"]
+    run([ZEBRA_CLI, "eval-long-curve", str(dense_dir / "infer_init.yaml"), "--stages", *map(str, stages),
+         "--tasks", ",".join(settings["tasks"]), "--lengths", ",".join(map(str, settings["lengths"])),
+         "--samples", str(settings["samples"]), "--depths", str(settings["depths"]), "--label", "dense qwen3",
+         "--overlay", f"zebra={OUT / 'curve' / 'curve.json'}", "--output-dir", str(dense_dir / "curve")])  # fmt: skip
+
+
 def dense_overrides(model: Path, output: Path) -> list[str]:
     # Liger's kernels are Triton (GPU only); the Zebra's enable_liger_kernel maps to chunked PyTorch CE on CPU.
     return [f"model_name_or_path={model}", f"output_dir={output}", "template=qwen3", "enable_liger_kernel=false"]
@@ -129,17 +140,19 @@ def main() -> int:
     print(f"parameters: zebra {zebra_params:,}  dense qwen3 {dense_params:,}", flush=True)
     reports = {}
     if not args.skip_recipe:
-        reports = {"zebra before": read_report(OUT / "eval_before"), "zebra after": read_report(OUT / "eval_after")}
+        reports = {"zebra before": read_report(OUT / "eval_before")}
         settings = reports["zebra before"]["settings"]
         eval_long(infer_yaml(dense_dir / "init", "qwen3", dense_dir / "infer_init.yaml"), dense_dir / "eval_before",
                   settings)  # fmt: skip
-        model = dense_dir / "init"
+        model, outputs = dense_dir / "init", []
         for index, stage in enumerate(STAGES, start=1):
-            output = dense_dir / f"stage{index}"
-            run([LLAMAFACTORY_CLI, "train", stage, *dense_overrides(model, output)])
-            model = output
+            outputs.append(dense_dir / f"stage{index}")
+            run([LLAMAFACTORY_CLI, "train", stage, *dense_overrides(model, outputs[-1])])
+            model = outputs[-1]
         eval_long(infer_yaml(model, "qwen3", dense_dir / "infer_trained.yaml"), dense_dir / "eval_after", settings)
+        learning_curve(dense_dir, outputs)
         reports |= {
+            "zebra after": read_report(OUT / "eval_after"),
             "dense before": read_report(dense_dir / "eval_before"),
             "dense after": read_report(dense_dir / "eval_after"),
         }

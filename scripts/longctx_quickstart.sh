@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Long-context quickstart on CPU: a random tiny Zebra (preset tiny-16k: 16K positions, 1 MLA : 3 GDN layers),
-# retrieval SFT rows written offline (none of them an eval-long sample), eval-long before training, two staged
+# passkey SFT rows written offline (none of them an eval-long sample), eval-long before training, two staged
 # `llamafactory-cli train` calls (short samples, then samples up to 8K, packed into 8,192-token rows with
-# neat_packing), eval-long after, the before/after table, both depth heatmaps and the loss plots.
+# neat_packing), eval-long after, the before/after table, both depth heatmaps, the learning curve (passkey at
+# 2K and 8K against training tokens, every checkpoint) and the loss plots.
 # Usage (from the repository root):  bash scripts/longctx_quickstart.sh
 # Smaller runs (the test's miniature): SHORT_ROWS, LONG_ROWS, SHORT_LENGTHS, LONG_LENGTHS, EVAL_LENGTHS,
-# EVAL_SAMPLES, EVAL_TASKS, and TRAIN_ARGS (LLaMA-Factory key=value overrides for both stages, e.g. max_steps=2).
+# EVAL_SAMPLES, EVAL_TASKS, CURVE_LENGTHS, CURVE_SAMPLES, and TRAIN_ARGS (LLaMA-Factory key=value overrides for
+# both stages, e.g. max_steps=2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,27 +21,29 @@ fi
 source "$VENV/bin/activate"
 
 OUT=saves/longctx                  # the YAMLs in examples/longctx/ read and write here
-SHORT_ROWS=${SHORT_ROWS:-800}
-SHORT_LENGTHS=${SHORT_LENGTHS:-256-1024}
-LONG_ROWS=${LONG_ROWS:-40}
-LONG_LENGTHS=${LONG_LENGTHS:-2048-8192}
+SHORT_ROWS=${SHORT_ROWS:-20000}
+SHORT_LENGTHS=${SHORT_LENGTHS:-100-400}
+LONG_ROWS=${LONG_ROWS:-250}
+LONG_LENGTHS=${LONG_LENGTHS:-1024-8192}
 EVAL_LENGTHS=${EVAL_LENGTHS:-1k,2k,4k,8k,16k}
-EVAL_SAMPLES=${EVAL_SAMPLES:-3}
-EVAL_TASKS=${EVAL_TASKS:-niah_single,niah_multikey,variable_tracking}
+EVAL_SAMPLES=${EVAL_SAMPLES:-6}
+EVAL_TASKS=${EVAL_TASKS:-passkey,niah_single,niah_multikey}
+CURVE_LENGTHS=${CURVE_LENGTHS:-2k,8k}
+CURVE_SAMPLES=${CURVE_SAMPLES:-6}
 read -r -a TRAIN_OVERRIDES <<< "${TRAIN_ARGS:-}"
 started=$(date +%s)
 
 llamafactory-zebra init tiny-16k "$OUT/zebra-init" --overwrite
-llamafactory-zebra data retrieval-sft --model "$OUT/zebra-init" --output-dir "$OUT/data" \
-  --name longctx_short --rows "$SHORT_ROWS" --lengths "$SHORT_LENGTHS" --seed 1
-llamafactory-zebra data retrieval-sft --model "$OUT/zebra-init" --output-dir "$OUT/data" \
-  --name longctx_long --rows "$LONG_ROWS" --lengths "$LONG_LENGTHS" --seed 2
+llamafactory-zebra data passkey-sft --model "$OUT/zebra-init" --output-dir "$OUT/data" \
+  --name passkey_short --rows "$SHORT_ROWS" --lengths "$SHORT_LENGTHS" --instruction-share 0.5 --seed 1
+llamafactory-zebra data passkey-sft --model "$OUT/zebra-init" --output-dir "$OUT/data" \
+  --name passkey_long --rows "$LONG_ROWS" --lengths "$LONG_LENGTHS" --seed 2
 
 eval_long() {  # eval_long INFER_YAML OUTPUT_DIR
-  # The answers are at most 5 variable names (about 35 tokens); an untrained model never stops by itself, so
-  # the budget is capped. One sample at a time: a left-padded batch of 8K prompts took 12.7 GB.
+  # Answers are a number (passkey) or a 7-digit value (niah); an untrained model never stops by itself, so the
+  # budget is capped. One sample at a time: a left-padded batch of 8K prompts took 12.7 GB.
   llamafactory-zebra eval-long "$1" --tasks "$EVAL_TASKS" --lengths "$EVAL_LENGTHS" --samples "$EVAL_SAMPLES" \
-    --depths 3 --max-new-tokens 40 --output-dir "$2"
+    --depths 3 --max-new-tokens 16 --output-dir "$2"
 }
 
 echo; echo "eval-long before training:"
@@ -48,11 +52,16 @@ llamafactory-cli train examples/longctx/stage1_short_cpu.yaml "${TRAIN_OVERRIDES
 llamafactory-cli train examples/longctx/stage2_long_cpu.yaml "${TRAIN_OVERRIDES[@]}"
 echo; echo "eval-long after training:"
 eval_long examples/longctx/infer_trained.yaml "$OUT/eval_after"
+echo; echo "passkey against training tokens (every checkpoint of both stages):"
+llamafactory-zebra eval-long-curve examples/longctx/infer_init.yaml --stages "$OUT/zebra-stage1" "$OUT/zebra-stage2" \
+  --tasks passkey --lengths "$CURVE_LENGTHS" --samples "$CURVE_SAMPLES" --label zebra --output-dir "$OUT/curve"
 
 echo
 echo "Before -> after (percent; eval-long's seed 42, $EVAL_SAMPLES samples per cell):"
 llamafactory-zebra eval-long-compare before="$OUT/eval_before" after="$OUT/eval_after"
 echo
-echo "Depth heatmaps: $OUT/eval_before/depth_heatmap.png  $OUT/eval_after/depth_heatmap.png"
+echo "Depth heatmaps: $OUT/eval_before/  $OUT/eval_after/  (depth_heatmap.png: the depth tasks together;"
+echo "                depth_heatmap_TASK.png: each alone, e.g. depth_heatmap_passkey.png)"
+echo "Learning curve: $OUT/curve/curve.png"
 echo "Loss plots:     $OUT/zebra-stage1/training_loss.png  $OUT/zebra-stage2/training_loss.png"
 echo "Wall time:      $(( $(date +%s) - started )) s"

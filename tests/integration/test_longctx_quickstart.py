@@ -1,5 +1,6 @@
 """A miniature of ``scripts/longctx_quickstart.sh``: the shipped script and YAMLs, unmodified, with a few
-rows, one training step per stage and one eval-long cell, so the script and its data generator cannot rot.
+rows, one training step per stage, one eval-long cell and a one-cell learning curve, so the script and its
+data generator cannot rot.
 The full run is a benchmark (docs/benchmarks.md), not a test."""
 
 from __future__ import annotations
@@ -27,26 +28,36 @@ def test_miniature_runs_init_data_eval_train_eval_and_prints_the_table(tmp_path)
         "VENV": str(Path(sys.prefix)),
         "OMP_NUM_THREADS": "1",
         "SHORT_ROWS": "6",
-        "SHORT_LENGTHS": "256-512",
+        "SHORT_LENGTHS": "150-512",
         "LONG_ROWS": "2",
         "LONG_LENGTHS": "600-1000",
         "EVAL_LENGTHS": "1k",
         "EVAL_SAMPLES": "1",
-        "EVAL_TASKS": "niah_single",
-        "TRAIN_ARGS": "max_steps=1 cutoff_len=1024",
+        "EVAL_TASKS": "passkey",
+        "CURVE_LENGTHS": "1k",
+        "CURVE_SAMPLES": "1",
+        "TRAIN_ARGS": "max_steps=1 cutoff_len=1024 save_steps=1",
     }
     result = subprocess.run(
-        ["bash", "scripts/longctx_quickstart.sh"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        ["bash", "scripts/longctx_quickstart.sh"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = tmp_path / "saves" / "longctx"
     assert "wrote 6 rows" in result.stdout and "wrote 2 rows" in result.stdout
     table = result.stdout.split("Before -> after", 1)[1]
-    assert "niah_single  1K" in table and "before" in table and "after" in table
+    assert "passkey  1K" in table and "before" in table and "after" in table
     for run in ("eval_before", "eval_after"):
         report = json.loads((out / run / "report.json").read_text())
-        assert report["scores"]["niah_single"]["1024"] is not None
+        assert report["scores"]["passkey"]["1024"] is not None
         assert (out / run / "depth_heatmap.png").stat().st_size > 0
     for stage in ("zebra-stage1", "zebra-stage2"):
         assert (out / stage / "model.safetensors").is_file()
     assert json.loads((out / "zebra-stage2" / "config.json").read_text())["max_position_embeddings"] == 16384
+    # The curve: the init model, then each stage's one checkpoint, on a token axis that grows across stages.
+    curve = json.loads((out / "curve" / "curve.json").read_text())
+    models = [Path(point["model"]).parts[-2:] for point in curve["points"]]
+    assert models == [("longctx", "zebra-init"), ("zebra-stage1", "checkpoint-1"), ("zebra-stage2", "checkpoint-1")]
+    tokens = [point["tokens"] for point in curve["points"]]
+    assert tokens[0] == 0 < tokens[1] < tokens[2]
+    assert curve["points"][-1]["scores"]["passkey"]["1024"] is not None
+    assert (out / "curve" / "curve.png").stat().st_size > 0
