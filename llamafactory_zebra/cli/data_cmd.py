@@ -62,9 +62,9 @@ def add_parser(subparsers: Any) -> None:
 
     passkey = commands.add_parser(
         "passkey-sft",
-        help="write passkey SFT rows (eval-long's passkey wording, keys of other lengths, some other filler)",
+        help="write passkey SFT rows (eval-long's passkey wording, keys of 3-8 digits, some other filler)",
         description="Write passkey retrieval SFT rows (sharegpt) and their dataset_info.json entry; none of them "
-        "is an eval-long sample (their keys never have eval-long's digit count).",
+        "is an eval-long sample (a key of eval-long's length only ever sits in the grammar's filler).",
     )
     add_generated_dataset_arguments(passkey)
     _add_passkey_arguments(passkey)
@@ -149,7 +149,7 @@ def _add_passkey_arguments(parser: argparse.ArgumentParser) -> None:
         "--key-digits",
         type=lambda text: tuple(int(n) for n in text.split(",")),
         default=PasskeyOptions.key_digits,
-        help="digit counts of the keys, comma-separated (never eval-long's)",
+        help="digit counts of the keys, comma-separated (eval-long's only with the grammar's filler)",
     )
     parser.add_argument(
         "--other-filler-share",

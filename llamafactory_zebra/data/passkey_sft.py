@@ -7,11 +7,16 @@ induction head makes. The long-context quickstart teaches it with these rows and
 (:mod:`llamafactory_zebra.evaluation.tasks`), and are sized in the model's own tokens with the template
 training uses.
 
-No row is an ``eval-long`` sample, by construction: ``eval-long``'s keys always have
-``TaskOptions.passkey_digits`` digits, these never do (:data:`KEY_DIGITS`), so the model learns to copy a
-number of any length rather than one number. A share of the rows (``other_filler_share``) hides the needle in
-sentences of the retrieval grammar (:func:`~llamafactory_zebra.data.retrieval_sft.filler_sentence`) instead of
-the standard filler, so the skill is not tied to one filler.
+A share of the rows (``other_filler_share``) hides the needle in sentences of the retrieval grammar
+(:func:`~llamafactory_zebra.data.retrieval_sft.filler_sentence`) instead of the standard filler, so the skill is
+not tied to one filler. Keys have 3 to 8 digits (:data:`KEY_DIGITS`), so the model learns to copy a number of
+any length and to stop where it ends.
+
+No row is an ``eval-long`` sample, by construction: ``eval-long``'s passkey samples hide a key of
+``TaskOptions.passkey_digits`` digits in its filler haystack (the standard filler unless the user names a text);
+a row here with the standard filler never has a key of that length, and a row with that key length always has
+the grammar's filler. (A first recipe left that length out of every row: the trained model then copied the
+test's five digits and went on to a sixth, the lengths it had seen; docs/long-context.md.)
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..evaluation.haystack import Haystack, HaystackTooShort, noise_haystack
+from ..evaluation.haystack import NOISE_SENTENCES, Haystack, HaystackTooShort, noise_haystack
 from ..evaluation.tasks import (
     PASSKEY_ANSWER_PREFIX,
     PASSKEY_INSTRUCTION,
@@ -33,8 +38,8 @@ from ..evaluation.tasks import (
 )
 from .retrieval_sft import Measure, Message, RetrievalOptions, filler_haystack
 
-# Digit counts of training keys: every count from 3 to 8 but eval-long's.
-KEY_DIGITS = tuple(count for count in range(3, 9) if count != TaskOptions.passkey_digits)
+# Digit counts of training keys; eval-long's only with the grammar's filler (see the module docstring).
+KEY_DIGITS = tuple(range(3, 9))
 
 
 @dataclass(frozen=True)
@@ -47,18 +52,20 @@ class PasskeyOptions:
     instruction_share: float = 1.0
 
     def __post_init__(self) -> None:
-        if not self.key_digits or TaskOptions.passkey_digits in self.key_digits or min(self.key_digits) < 1:
+        if not set(self.key_digits) - {TaskOptions.passkey_digits} or min(self.key_digits) < 1:
             raise ValueError(
-                f"key_digits {self.key_digits}: need digit counts >= 1, none equal to eval-long's "
-                f"{TaskOptions.passkey_digits} (so no row is an eval-long sample)"
+                f"key_digits {self.key_digits}: need digit counts >= 1, at least one other than eval-long's "
+                f"{TaskOptions.passkey_digits} (the standard filler's rows never take that one)"
             )
         for name in ("other_filler_share", "instruction_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} {getattr(self, name)}: need a share from 0 to 1")
 
 
-def passkey_key(rng: random.Random, options: PasskeyOptions) -> str:
-    digits = rng.choice(options.key_digits)
+def passkey_key(rng: random.Random, options: PasskeyOptions, standard_filler: bool) -> str:
+    """A key of one of ``key_digits`` lengths; with the standard filler never of eval-long's length."""
+    counts = [n for n in options.key_digits if not (standard_filler and n == TaskOptions.passkey_digits)]
+    digits = rng.choice(counts)
     return str(rng.randrange(10 ** (digits - 1), 10**digits))
 
 
@@ -67,7 +74,7 @@ def make_passkey_row(
 ) -> list[Message]:
     """One passkey conversation of at most ``length`` tokens (``measure``: the template's count), filled close to
     it, the needle at a uniformly random depth. A row too short for the instruction goes without it."""
-    key, depth = passkey_key(rng, options), rng.random()
+    key, depth = passkey_key(rng, options, haystack.sentences == list(NOISE_SENTENCES)), rng.random()
     opening = f"{PASSKEY_INSTRUCTION} " if rng.random() < options.instruction_share else ""
     state = rng.getstate()
 

@@ -23,16 +23,29 @@ def sizing(tmp_path_factory):
     return rs.template_measure(str(model), "zebra")
 
 
-def test_training_keys_never_have_eval_long_digit_count_by_construction():
-    assert eval_tasks.TaskOptions().passkey_digits not in ps.KEY_DIGITS
-    counts = {len(ps.passkey_key(random.Random(seed), ps.PasskeyOptions())) for seed in range(2000)}
-    assert counts == set(ps.KEY_DIGITS)
+def test_rows_are_never_eval_long_samples_by_construction(sizing):
+    measure, encode = sizing
+    eval_digits = eval_tasks.TaskOptions().passkey_digits
+    options = ps.PasskeyOptions()
+    assert eval_digits in ps.KEY_DIGITS
+    # The standard filler's rows never take eval-long's key length; the grammar's rows take every length.
+    assert {len(ps.passkey_key(random.Random(n), options, True)) for n in range(2000)} == set(ps.KEY_DIGITS) - {
+        eval_digits
+    }
+    assert {len(ps.passkey_key(random.Random(n), options, False)) for n in range(2000)} == set(ps.KEY_DIGITS)
+    rows = ps.make_passkey_rows(60, (200, 400), 5, measure, encode, ps.PasskeyOptions(other_filler_share=0.5))
+    lengths_by_filler = {True: set(), False: set()}
+    for row in rows:
+        text = row["messages"][0]["content"]
+        standard = "The grass is green." in text or "The sky is blue." in text
+        lengths_by_filler[standard].add(len(NEEDLE.findall(text)[0][0]))
+    assert eval_digits not in lengths_by_filler[True] and eval_digits in lengths_by_filler[False]
     # and eval-long's keys always have exactly its digit count
     haystack = noise_haystack(lambda text: list(text.encode()))
     for seed in range(50):
         sample = eval_tasks.passkey(2000, 0, 0.5, random.Random(seed), haystack, lambda s: len(s.prompt) // 4,
                                     eval_tasks.TaskOptions())  # fmt: skip
-        assert len(sample.answers[0]) == eval_tasks.TaskOptions().passkey_digits
+        assert len(sample.answers[0]) == eval_digits
 
 
 def test_rows_use_eval_long_wording_fit_their_lengths_and_answer_from_the_needle(sizing):
@@ -63,8 +76,8 @@ def test_rows_too_short_for_the_instruction_go_without_it_and_the_share_holds_el
 
 
 def test_options_refuse_eval_long_digit_count_and_bad_shares():
-    with pytest.raises(ValueError, match="key_digits.*eval-long's 5"):
-        ps.PasskeyOptions(key_digits=(4, 5))
+    with pytest.raises(ValueError, match="key_digits.*at least one other than eval-long's 5"):
+        ps.PasskeyOptions(key_digits=(5,))
     with pytest.raises(ValueError, match="other_filler_share"):
         ps.PasskeyOptions(other_filler_share=1.5)
     with pytest.raises(ValueError, match="instruction_share -0.1: need a share from 0 to 1"):
