@@ -66,21 +66,21 @@ def check_sequence_parallel_setup(
     attention = flash_attn_value(model_args.flash_attn)
     if not sequence_parallel_accepts_flash_attn(attention):
         raise ValueError(
-            f"flash_attn: {attention} (eager attention) cannot run under sequence_parallel_size: it materialises whole-row "
-            f"attention weights per head; use flash_attn: fa2 on GPUs (packed samples via position_ids) or "
+            f"flash_attn: {attention} (eager attention) cannot run under sequence_parallel_size: it materialises "
+            f"whole-row attention weights per head; use flash_attn: fa2 on GPUs (packed samples via position_ids) or "
             f"sdpa (packed samples via their borders, docs/architecture.md#packed-sequences)"
         )
     if config.num_attention_heads % sp:
         raise ValueError(
-            f"sequence_parallel_size={sp} must divide the MLA query heads ({config.num_attention_heads}): Ulysses gives each "
-            f"rank whole heads"
+            f"sequence_parallel_size={sp} must divide the MLA query heads ({config.num_attention_heads}): Ulysses "
+            f"gives each rank whole heads"
         )
     # LLaMA-Factory keeps packed rows one token short of the YAML's cutoff_len and pads them back.
     cutoff_len = data_args.cutoff_len + int(bool(data_args.packing))
     if cutoff_len % sp:
         raise ValueError(
-            f"cutoff_len={cutoff_len} must be a multiple of sequence_parallel_size={sp} so a full packed row splits into "
-            f"equal shards without padding; use e.g. cutoff_len: {cutoff_len - cutoff_len % sp + sp}"
+            f"cutoff_len={cutoff_len} must be a multiple of sequence_parallel_size={sp} so a full packed row splits "
+            f"into equal shards without padding; use e.g. cutoff_len: {cutoff_len - cutoff_len % sp + sp}"
         )
     for attribute, what in UNSUPPORTED_WITH_SP:
         owner = next((a for a in (training_args, finetuning_args) if getattr(a, attribute, False)), None)
