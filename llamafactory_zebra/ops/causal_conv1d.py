@@ -74,13 +74,22 @@ def causal_conv1d(
     width = weight.shape[1]
     if initial_state is not None and tuple(initial_state.shape) != (num_seqs, x.shape[2], width):
         raise ValueError(
-            f"initial_state must have shape [N, D, W] = {(num_seqs, x.shape[2], width)}, got {tuple(initial_state.shape)}."
+            f"initial_state must have shape [N, D, W] = {(num_seqs, x.shape[2], width)}, "
+            f"got {tuple(initial_state.shape)}."
         )
 
     return run(
-        CONV, Call.of(x), SEQUENCE_IMPLEMENTATIONS, x, weight, bias, activation, initial_state, output_final_state,
+        CONV,
+        Call.of(x),
+        SEQUENCE_IMPLEMENTATIONS,
+        x,
+        weight,
+        bias,
+        activation,
+        initial_state,
+        output_final_state,
         cu_seqlens,
-    )  # fmt: skip
+    )
 
 
 def _causal_conv1d_fla(x, weight, bias, activation, initial_state, output_final_state, cu_seqlens):

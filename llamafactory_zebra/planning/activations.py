@@ -229,8 +229,8 @@ class LossMemory:
 def loss_memory(config: ZebraConfig, tokens: int, act_bytes: int, kernels: Kernels) -> LossMemory:
     """Memory of lm_head + cross-entropy over ``tokens`` tokens on one rank.
 
-    logits (transformers' ``ForCausalLMLoss``, fused cross-entropy off): bf16 logits, their fp32 copy and fp32 log-softmax in
-    forward; log-softmax output kept; two fp32 vocab-sized gradients in backward.
+    logits (transformers' ``ForCausalLMLoss``, fused cross-entropy off): bf16 logits, their fp32 copy and fp32
+    log-softmax in forward; log-softmax output kept; two fp32 vocab-sized gradients in backward.
     liger / chunked: the gradient w.r.t. the hidden states and lm_head is computed chunk by chunk in
     forward and kept (``grad_input`` tokens × hidden, ``grad_weight`` vocab × hidden), so only one chunk
     of logits ever exists.

@@ -1,13 +1,13 @@
 """Chunked gated delta rule in plain PyTorch, with a hand-written backward.
 
 Why this exists: fla's Triton kernels need a GPU, and transformers' Qwen3-Next fallback
-(``torch_chunk_gated_delta_rule``) is differentiated by autograd through per-chunk slicing and a 63-step
-row loop, whose backward costs O(chunks x T) (measured against this file in ``docs/benchmarks.md``). This version follows the WY/UT formulation of fla's
-``ops/gated_delta_rule/chunk.py`` (Yang, Kautz, Hatamizadeh, "Gated Delta Networks", 2024; fla is
-MIT-licensed, Copyright (c) 2023-2025 Songlin Yang, Yu Zhang), written for batched dense algebra:
-every in-chunk quantity is computed for all chunks at once, the triangular system by one batched
-``solve_triangular``, and only the chunk-to-chunk state recurrence is a Python loop, forward and
-backward (see ``chunk_plan.py`` for how varlen sequences share that loop).
+(``torch_chunk_gated_delta_rule``) is differentiated by autograd through per-chunk slicing and a 63-step row loop,
+whose backward costs O(chunks x T) (measured against this file in ``docs/benchmarks.md``). This version follows the
+WY/UT formulation of fla's ``ops/gated_delta_rule/chunk.py`` (Yang, Kautz, Hatamizadeh, "Gated Delta Networks", 2024;
+fla is MIT-licensed, Copyright (c) 2023-2025 Songlin Yang, Yu Zhang), written for batched dense algebra: every in-chunk
+quantity is computed for all chunks at once, the triangular system by one batched ``solve_triangular``, and only the
+chunk-to-chunk state recurrence is a Python loop, forward and backward (see ``chunk_plan.py`` for how varlen sequences
+share that loop).
 
 Per chunk of C tokens (gamma = in-chunk cumsum of g, Gamma_ij = exp(gamma_i - gamma_j) for j <= i,
 state S0 entering the chunk, q already scaled)::
