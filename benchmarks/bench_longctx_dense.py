@@ -35,10 +35,12 @@ STAGES = ("examples/longctx/stage1_short_cpu.yaml", "examples/longctx/stage2_lon
 EVAL_ARGS = ["--depths", "3", "--max-new-tokens", "40"]  # as scripts/longctx_quickstart.sh runs eval-long
 
 
-def build_dense(zebra_dir: Path, output_dir: Path) -> tuple[int, int]:
-    """A random Qwen3 matching the Zebra's tokenizer, width, depth and (closest) parameter count."""
+def build_dense(zebra_dir: Path, output_dir: Path, tokenizer: bool = True) -> tuple[int, int]:
+    """A random Qwen3 matching the Zebra's tokenizer, width, depth, heads, RoPE and (closest) parameter count;
+    ``tokenizer=False`` for a Zebra directory without one (the tokenizer is then not copied)."""
     import torch
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    from dense_twin import qwen3_config
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
 
     from llamafactory_zebra import ZebraForCausalLM
 
@@ -46,21 +48,8 @@ def build_dense(zebra_dir: Path, output_dir: Path) -> tuple[int, int]:
     target = sum(p.numel() for p in zebra.parameters())
     z = zebra.config
 
-    def config(intermediate: int) -> Qwen3Config:
-        return Qwen3Config(
-            vocab_size=z.vocab_size,
-            hidden_size=z.hidden_size,
-            intermediate_size=intermediate,
-            num_hidden_layers=z.num_hidden_layers,
-            num_attention_heads=z.num_attention_heads,
-            num_key_value_heads=z.num_key_value_heads,
-            head_dim=z.hidden_size // z.num_attention_heads,
-            max_position_embeddings=z.max_position_embeddings,
-            pad_token_id=z.pad_token_id,
-            eos_token_id=z.eos_token_id,
-            bos_token_id=None,
-            tie_word_embeddings=False,
-        )
+    def config(intermediate: int):
+        return qwen3_config(z, intermediate, head_dim=z.hidden_size // z.num_attention_heads)
 
     with torch.device("meta"):
         counts = {
@@ -72,7 +61,8 @@ def build_dense(zebra_dir: Path, output_dir: Path) -> tuple[int, int]:
     dense.generation_config.eos_token_id = z.eos_token_id
     dense.generation_config.pad_token_id = z.pad_token_id
     dense.save_pretrained(output_dir)
-    AutoTokenizer.from_pretrained(zebra_dir).save_pretrained(output_dir)
+    if tokenizer:
+        AutoTokenizer.from_pretrained(zebra_dir).save_pretrained(output_dir)
     return target, counts[intermediate]
 
 

@@ -40,6 +40,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from dense_twin import qwen3_config
+
 from llamafactory_zebra.testing.serving_checkpoint import build_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,6 +49,8 @@ VLLM = Path(sys.executable).parent / "vllm"
 METRICS = "ttft,tpot,itl,e2el"
 PERCENTILES = "50,90,99"
 MAX_POSITIONS = 65536
+# The dense twin's attention heads are 128 wide, as the released Qwen3s'.
+QWEN3_HEAD_DIM = 128
 # The released head shapes at 512 wide and 8 deep, MLA where the released 28-layer plan has it (every fourth
 # layer from the second): ~67M parameters.
 LONG_CONTEXT_ZEBRA = {
@@ -68,36 +72,17 @@ def build_dense_qwen3(output: Path, zebra_dir: Path, dtype: str, parameters: int
     zebra = AutoConfig.from_pretrained(zebra_dir)
 
     def count(intermediate_size: int) -> int:
+        config = qwen3_config(zebra, intermediate_size, QWEN3_HEAD_DIM)
         with torch.device("meta"):
-            return sum(p.numel() for p in Qwen3ForCausalLM(qwen3_config(zebra, intermediate_size)).parameters())
+            return sum(p.numel() for p in Qwen3ForCausalLM(config).parameters())
 
     per_unit = 3 * zebra.hidden_size * zebra.num_hidden_layers  # gate, up and down rows per MLP unit
     width = zebra.intermediate_size + round((parameters - count(zebra.intermediate_size)) / per_unit / 64) * 64
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(qwen3_config(zebra, width)).to(getattr(torch, dtype))
+    model = Qwen3ForCausalLM(qwen3_config(zebra, width, QWEN3_HEAD_DIM)).to(getattr(torch, dtype))
     model.save_pretrained(output)
     AutoTokenizer.from_pretrained(zebra_dir).save_pretrained(output)
     return sum(p.numel() for p in model.parameters())
-
-
-def qwen3_config(zebra, intermediate_size: int):
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
-        vocab_size=zebra.vocab_size,
-        hidden_size=zebra.hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=zebra.num_hidden_layers,
-        num_attention_heads=zebra.num_attention_heads,
-        num_key_value_heads=zebra.num_key_value_heads,
-        head_dim=128,
-        max_position_embeddings=zebra.max_position_embeddings,
-        rope_parameters=zebra.rope_parameters,
-        tie_word_embeddings=False,
-        eos_token_id=zebra.eos_token_id,
-        pad_token_id=zebra.pad_token_id,
-        bos_token_id=None,
-    )
 
 
 def build_pair(work: Path, dtype: str) -> dict[str, Path]:
