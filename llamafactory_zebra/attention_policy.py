@@ -1,10 +1,10 @@
 """The attention policy: which attention implementations exist for Zebra's MLA and who accepts which.
 
-One table, asked by everything else: the model (how packed rows reach the kernel), sequence
-parallelism, the distillation teacher, the memory planner, the training guards, the planner's YAML
-reader and ``llamafactory-zebra doctor``. A rule module like ``packing.py``: it imports only the kernel
-vocabulary (``kernel_names.py``, itself a leaf), so every folder may ask it. Which packed-row kernel a call runs is the kernel registry's
-``attention`` op (``kernels/registry.py``, ``packed_attention_kernel``), whose entries are named here.
+One table, asked by everything else: the model (how packed rows reach the kernel), sequence parallelism, the
+distillation teacher, the memory planner, the training guards, the planner's YAML reader and ``llamafactory-zebra
+doctor``. A rule module like ``packing.py``: it imports only the kernel vocabulary (``kernel_names.py``, itself a
+leaf), so every folder may ask it. Which packed-row kernel a call runs is the kernel registry's ``attention`` op
+(``kernels/registry.py``, ``packed_attention_kernel``), whose entries are named here.
 
 Names are transformers' ``attn_implementation`` values. How packed rows (several samples in one row,
 ``packing.py``) run on each:
@@ -108,7 +108,9 @@ def distill_teacher_attention(student_attention: str | None) -> str:
     """The ``attn_implementation`` the teacher loads with: the student's when the teacher can keep packed
     samples apart with it, else sdpa.
 
-    >>> distill_teacher_attention("flash_attention_2"), distill_teacher_attention(None), distill_teacher_attention("flex_attention")
-    ('flash_attention_2', 'sdpa', 'sdpa')
+    >>> distill_teacher_attention("flash_attention_2"), distill_teacher_attention(None)
+    ('flash_attention_2', 'sdpa')
+    >>> distill_teacher_attention("flex_attention")
+    'sdpa'
     """
     return student_attention if student_attention in DISTILL_TEACHER_ATTENTION else SDPA

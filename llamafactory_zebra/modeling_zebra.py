@@ -405,7 +405,8 @@ class ZebraModel(ZebraPreTrainedModel):
     ) -> None:
         if past_key_values is not None and not isinstance(past_key_values, ZebraHybridCache):
             raise TypeError(
-                f"Zebra models need a ZebraHybridCache (MLA latents + GDN states), got {type(past_key_values).__name__}"
+                "Zebra models need a ZebraHybridCache (MLA latents + GDN states), "
+                f"got {type(past_key_values).__name__}"
             )
         if self.sequence_parallel is not None and (past_key_values is not None or position_ids is None):
             raise ValueError(

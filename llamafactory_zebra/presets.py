@@ -129,8 +129,10 @@ NAME_PREFIXES = ("hylo", "zebra")
 def preset_name(name: str) -> str:
     """The preset ``name`` means: a preset, an AMD hub id, or either with AMD's spellings.
 
-    >>> preset_name("HyLo_Qwen3_1.7B_7MLA21GDN_64K"), preset_name("zebra-tiny"), preset_name("amd/HyLo-Qwen-7MLA21GDN-8K")
-    ('qwen3-1.7b-7mla21gdn-64k', 'tiny', 'qwen3-1.7b-7mla21gdn-8k')
+    >>> preset_name("HyLo_Qwen3_1.7B_7MLA21GDN_64K"), preset_name("zebra-tiny")
+    ('qwen3-1.7b-7mla21gdn-64k', 'tiny')
+    >>> preset_name("amd/HyLo-Qwen-7MLA21GDN-8K")
+    'qwen3-1.7b-7mla21gdn-8k'
     """
     by_hub_id = {hub_id: preset for preset, hub_id in PRESET_HUB_IDS.items()}
     if name in by_hub_id:

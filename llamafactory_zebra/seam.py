@@ -155,7 +155,8 @@ def wrap(seam: Seam, module: ModuleType, wrapper: Any, hint: str = "", strict: b
         raise UpstreamSeamChanged(f"{seam.name} is gone" + (f"; {hint}" if hint else ""))
     if is_wrapped(module, seam.attribute):
         raise AlreadyWrapped(
-            f"{seam.name} is already wrapped by llamafactory-zebra; extend that wrapper instead of wrapping the name again"
+            f"{seam.name} is already wrapped by llamafactory-zebra; extend that wrapper instead of wrapping the name "
+            "again"
         )
     if getattr(wrapper, "__wrapped__", None) is not current:
         raise ValueError(f"the wrapper for {seam.name} must be made with functools.wraps around its current value")

@@ -1,6 +1,7 @@
-"""The serving layer's conv choice (the registry's for ``serving/vllm/gdn.py``'s ``conv_in_slots_call``, built once per layer) in
-the vLLM venv, where vLLM is installed: vLLM's C++ conv exactly for bf16 activations, a 4-wide window and vLLM's
-default conv-state layout on its CPU platform, on a CPU with bf16 dot products; the project's conv op otherwise."""
+"""The serving layer's conv choice (the registry's, for ``serving/vllm/gdn.py``'s ``conv_in_slots_call``, built
+once per layer) in the vLLM venv, where vLLM is installed: vLLM's C++ conv exactly for bf16 activations, a 4-wide
+window and vLLM's default conv-state layout on its CPU platform, on a CPU with bf16 dot products; the project's conv
+op otherwise."""
 
 import pytest
 import torch

@@ -69,8 +69,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--plan", help="layer counts, e.g. 7mla21gdn (MLA layers evenly spaced)")
     plan.add_argument("--mla-layers", type=_layer_list, help="explicit MLA layer indices, e.g. 1,5,9,13")
     plan.add_argument("--num-mla", type=int, help="number of MLA layers (default: a quarter of the layers)")
-    parser.add_argument("--select", choices=["uniform", "sensitivity"], default="uniform",
-                        help="how --num-mla/--plan places the MLA layers (sensitivity: KL on --data)")  # fmt: skip
+    parser.add_argument(
+        "--select",
+        choices=["uniform", "sensitivity"],
+        default="uniform",
+        help="how --num-mla/--plan places the MLA layers (sensitivity: KL on --data)",
+    )
     parser.add_argument("--data", help="text, JSON or JSONL file for --select sensitivity")
     parser.add_argument("--score-tokens", type=int, default=256, help="tokens of --data to score on (default 256)")
     parser.add_argument(

@@ -170,7 +170,8 @@ def render(r: dict[str, Any]) -> str:
         f"run        {run_['gpus']} × {run_['gpu']}; {stage}"
         + (f", offload {'+'.join(offload)}" if offload else "")
         + f"; {run_['precision']}; attention {run_['attention']}",
-        f"tokens     {run_['per_device_train_batch_size']} × {run_['cutoff_len']:,} / SP {run_['sequence_parallel_size']}"
+        f"tokens     {run_['per_device_train_batch_size']} × {run_['cutoff_len']:,} "
+        f"/ SP {run_['sequence_parallel_size']}"
         f" = {run_['tokens_per_gpu']:,} per GPU per micro-step" + ("; packing" if run_["packing"] else ""),
         "",
         "per GPU                                          GiB",

@@ -79,9 +79,10 @@ def requested_num_mla(options: ConversionOptions, num_layers: int) -> int | None
             raise ConversionInputError(f"--plan {options.plan!r}: expected the form <N>mla<M>gdn, e.g. 7mla21gdn")
         num_mla, num_gdn = int(match[1]), int(match[2])
         if num_mla + num_gdn != num_layers:
+            example_mla = max(1, round(num_layers / 4))  # the released 1:3 MLA:GDN ratio
             raise ConversionInputError(
                 f"--plan {options.plan}: {num_mla} + {num_gdn} = {num_mla + num_gdn} layers, but the base has "
-                f"{num_layers} (e.g. --plan {max(1, round(num_layers / 4))}mla{num_layers - max(1, round(num_layers / 4))}gdn)"
+                f"{num_layers} (e.g. --plan {example_mla}mla{num_layers - example_mla}gdn)"
             )
         return num_mla
     if options.mla_layers is not None:
@@ -99,7 +100,8 @@ def check_layer_indices(indices: list[int], num_layers: int) -> list[int]:
     out_of_range = [i for i in indices if not 0 <= i < num_layers]
     if out_of_range:
         raise ConversionInputError(
-            f"--mla-layers: indices {out_of_range} are out of range; the base has {num_layers} layers (valid: 0..{num_layers - 1})"
+            f"--mla-layers: indices {out_of_range} are out of range; the base has {num_layers} layers "
+            f"(valid: 0..{num_layers - 1})"
         )
     duplicates = sorted({i for i in indices if indices.count(i) > 1})
     if duplicates:

@@ -99,7 +99,8 @@ def approximations(shape: BaseShape, config: ZebraConfig) -> list[str]:
         "and lose their rotation",
         "MLA: one rope key for all heads, the mean of the KV heads' rope rows of W_K (exact only when they agree)",
         f"MLA: W_Q truncated to rank {config.q_lora_rank}, [W_K nope; W_V] to rank {config.kv_lora_rank} (see errors)",
-        "GDN: only the q/k/v/o projections come from the base; decay, beta, gate, convolutions are freshly initialised",
+        "GDN: only the q/k/v/o projections come from the base; decay, beta, gate, convolutions are freshly "
+        "initialised",
     ]
     if shape.tie_word_embeddings:
         notes.append("lm_head: the base ties it to embed_tokens; the Zebra checkpoint stores an untied copy")
@@ -161,8 +162,11 @@ class _Planner:
         scores = layer_sensitivity(self.checkpoint, self.config, self.options, log=log)
         self.mla_layers = most_sensitive(scores, self.num_mla)
         self.config = zebra_config_for(self.shape, self.checkpoint.config, self.dims, self._layer_types())
-        return {"metric": "KL(base || base with this layer converted to GDN)", "scores": scores,
-                "mla_layers": self.mla_layers}  # fmt: skip
+        return {
+            "metric": "KL(base || base with this layer converted to GDN)",
+            "scores": scores,
+            "mla_layers": self.mla_layers,
+        }
 
 
 def convert_checkpoint(
@@ -269,11 +273,18 @@ def _convert_layers(
         for name, tensor in init.weights.items():
             emit(f"model.layers.{index}.mla.{name}", tensor)
         rows[index] = LayerReport(
-            index, MLA, planner.checkpoint.layer_numel(index), _layer_params(expected, index),
-            q_rank=init.q.rank, q_relative_error=init.q.relative_error, q_energy_kept=init.q.energy_kept,
-            kv_rank=init.kv.rank, kv_relative_error=init.kv.relative_error, kv_energy_kept=init.kv.energy_kept,
+            index,
+            MLA,
+            planner.checkpoint.layer_numel(index),
+            _layer_params(expected, index),
+            q_rank=init.q.rank,
+            q_relative_error=init.q.relative_error,
+            q_energy_kept=init.q.energy_kept,
+            kv_rank=init.kv.rank,
+            kv_relative_error=init.kv.relative_error,
+            kv_energy_kept=init.kv.energy_kept,
             rope_key_spread=init.rope_key_spread,
-        )  # fmt: skip
+        )
 
     layers = tqdm(range(shape.num_layers), desc="converting layers", unit="layer", disable=not progress)
     workers = max(1, min(len(mla_layers), torch.get_num_threads()))

@@ -54,7 +54,10 @@ class ConversionReport:
         def number(value, spec):
             return "-" if value is None else format(value, spec)
 
-        header = f"{'layer':>5} {'kind':<4} {'q rank':>6} {'q err':>7} {'q energy':>8} {'kv rank':>7} {'kv err':>7} {'kv energy':>9} {'params':>12} {'base params':>12}"
+        header = (
+            f"{'layer':>5} {'kind':<4} {'q rank':>6} {'q err':>7} {'q energy':>8} {'kv rank':>7} {'kv err':>7} "
+            f"{'kv energy':>9} {'params':>12} {'base params':>12}"
+        )
         lines = [header, "-" * len(header)]
         for row in self.layers:
             lines.append(

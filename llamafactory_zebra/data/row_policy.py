@@ -70,7 +70,8 @@ def malformed_rows_message(attr: DatasetAttr, dataset_dir: str, converter: Guard
     return (
         f"Dataset '{label}' ({where}, formatting {attr.formatting}): {bad} malformed row(s)"
         f"{' — the file could not be loaded' if cause == 'load' else ''}:\n{shown}{more}\n"
-        f"A valid row of this entry looks like:\n  {valid_row_example(attr, converter.uses_messages, converter.stage)}\n{fix}."
+        f"A valid row of this entry looks like:\n  {valid_row_example(attr, converter.uses_messages, converter.stage)}"
+        f"\n{fix}."
     )
 
 
@@ -102,7 +103,8 @@ def check_converted_rows(
         for index, reason in refused:
             rows_by_kind[split_reason(reason)[0]].append(index)
         listed = "; ".join(
-            f"{kind} x{len(rows)}: rows {', '.join(map(str, rows[:ROWS_LISTED]))}{' ...' if len(rows) > ROWS_LISTED else ''}"
+            f"{kind} x{len(rows)}: rows {', '.join(map(str, rows[:ROWS_LISTED]))}"
+            f"{' ...' if len(rows) > ROWS_LISTED else ''}"
             for kind, rows in rows_by_kind.items()
         )
         logger.warning_rank0(

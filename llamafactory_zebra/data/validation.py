@@ -154,8 +154,8 @@ def read_conversation(
     if ends_with_prompt and not len(turns) % 2:
         raise DropRow(
             "broken role order",
-            f"messages column '{column}' ends with a {turns[-1][0]!r} turn; a preference row's conversation ends with the "
-            "prompt, and its answers are the chosen/rejected columns",
+            f"messages column '{column}' ends with a {turns[-1][0]!r} turn; a preference row's conversation ends with "
+            "the prompt, and its answers are the chosen/rejected columns",
         )
     if not ends_with_prompt and len(turns) % 2:
         raise DropRow(
@@ -168,7 +168,8 @@ def read_conversation(
 
 
 def _side_tags(attr: DatasetAttr, answer: bool) -> tuple[str, ...]:
-    """The role tags LLaMA-Factory accepts on the user side (user, observation) or answer side (assistant, function)."""
+    """The role tags LLaMA-Factory accepts on the user side (user, observation) or the answer side (assistant,
+    function)."""
     tags = (attr.assistant_tag, attr.function_tag) if answer else (attr.user_tag, attr.observation_tag)
     return tuple(tag for tag in tags if tag)
 

@@ -8,10 +8,13 @@ arguments and both models' configs and tokenizers.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..configuration_zebra import is_zebra_config
 from ..hparams import ZebraArguments
+
+if TYPE_CHECKING:
+    from llamafactory.hparams import FinetuningArguments, ModelArguments
 
 # LLaMA-Factory options distillation cannot honour (it replaces the SFT loss and never generates).
 UNSUPPORTED_WITH_DISTILL = (
@@ -22,7 +25,9 @@ UNSUPPORTED_WITH_DISTILL = (
 )
 
 
-def check_distill_setup(distill: ZebraArguments, model_args: Any, finetuning_args: Any) -> Any:
+def check_distill_setup(
+    distill: ZebraArguments, model_args: ModelArguments, finetuning_args: FinetuningArguments
+) -> Any:
     """Raise ``ValueError`` naming the key for a run that cannot distil; returns the teacher's config."""
     from transformers import AutoConfig
 

@@ -140,9 +140,17 @@ def kd_loss_sums(
 
 
 def _chunked_kd_loss_sums(
-    student_hidden, student_weight, teacher_hidden, teacher_weight, targets, temperature, reverse, kl_weight,
-    ce_weight, chunk_tokens,
-):  # fmt: skip
+    student_hidden,
+    student_weight,
+    teacher_hidden,
+    teacher_weight,
+    targets,
+    temperature,
+    reverse,
+    kl_weight,
+    ce_weight,
+    chunk_tokens,
+):
     vocab = student_weight.shape[0]
     # The fused-CE chunk (64 tokens for Qwen3's vocabulary): a few times its 64 MiB of logits live at once.
     chunk_tokens = default_chunk_tokens(vocab) if chunk_tokens is None else chunk_tokens
@@ -163,9 +171,17 @@ def _chunked_kd_loss_sums(
 
 
 def _liger_kd_loss_sums(
-    student_hidden, student_weight, teacher_hidden, teacher_weight, targets, temperature, reverse, kl_weight,
-    ce_weight, chunk_tokens,
-):  # fmt: skip
+    student_hidden,
+    student_weight,
+    teacher_hidden,
+    teacher_weight,
+    targets,
+    temperature,
+    reverse,
+    kl_weight,
+    ce_weight,
+    chunk_tokens,
+):
     """Liger returns the *mean* KL over target tokens, without the T² factor: rescale to this module's sum
     (``chunk_tokens`` is the chunked function's; Liger picks its own). An installed Liger that does not import
     raises :class:`~..kernels.KernelLoadError`: the registry passes it over and the chunked function runs."""

@@ -144,7 +144,8 @@ def check_flash_attn(m: Machine) -> Check:
         flash_attn = importlib.import_module("flash_attn")
     except Exception as error:  # a broken build raises ImportError, OSError or RuntimeError
         fix = (
-            "ROCm: build ROCm/flash-attention with GPU_ARCHS=gfx942 (CK) or set FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE; "
+            "ROCm: build ROCm/flash-attention with GPU_ARCHS=gfx942 (CK) or set "
+            "FLASH_ATTENTION_TRITON_AMD_ENABLE=TRUE; "
             "CUDA: pip install flash-attn --no-build-isolation"
         )
         # Packed rows then run sdpa on the samples' borders (attention_policy: flex_attention on a GPU).

@@ -205,7 +205,10 @@ def variable_tracking(length, index, depth, rng, haystack, measure, options) -> 
         if chain == 0:
             answers, target = tuple(names), value
     question = f"Find all variables that are assigned the value {target} in the text above."
-    prefix = f"According to the chain(s) of variable assignment in the text above, {len(answers)} variables are assigned the value {target}, they are:"
+    prefix = (
+        f"According to the chain(s) of variable assignment in the text above, {len(answers)} variables are "
+        f"assigned the value {target}, they are:"
+    )
     template = Sample("variable_tracking", length, index, "", question, prefix, answers, MATCH_ALL)
     return fill_haystack(template, inserts, rng, haystack, measure)
 

@@ -109,7 +109,8 @@ def guarded_converters(module: ModuleType) -> Any:
     def guarded_get_dataset_converter(name, dataset_attr, data_args):
         if name not in converters:
             raise ValueError(
-                f"Dataset '{dataset_label(dataset_attr)}': unknown formatting {name!r}; known: {', '.join(converters)}."
+                f"Dataset '{dataset_label(dataset_attr)}': unknown formatting {name!r}; "
+                f"known: {', '.join(converters)}."
             )
         return GuardedConverter(get_converter(name, dataset_attr, data_args), name)
 
@@ -249,8 +250,8 @@ SEAMS = (
          wrapper=guarded_converters),
     Seam("llamafactory.data.parser", "get_dataset_list", ("dataset_names", "dataset_dir"),
          wrapper=registry_dataset_names),
-    Seam("llamafactory.data.loader", "_load_single_dataset", ("dataset_attr", "model_args", "data_args", "training_args"),
-         wrapper=named_row_errors),
+    Seam("llamafactory.data.loader", "_load_single_dataset",
+         ("dataset_attr", "model_args", "data_args", "training_args"), wrapper=named_row_errors),
     Seam("llamafactory.data.loader", "_get_merged_dataset",
          ("dataset_names", "model_args", "data_args", "training_args", "stage", "return_dict"),
          wrapper=stage_checked_datasets),

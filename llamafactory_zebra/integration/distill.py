@@ -21,13 +21,14 @@ from typing import Any
 from ..attention_policy import FLASH_ATTENTION_BACKENDS, attn_implementation_for
 from ..distill.checks import check_distill_setup
 from ..distill.metrics import METRIC_PREFIXES
-from ..hparams import RunArguments, ZebraArguments
+from ..hparams import ZebraArguments
 from ..seam import Seam, install, original, wrapped_method
 from . import SEAM_HINT
 from .registrations import register_sinkless_flash_attention
+from .steps import TrainingRun
 
 
-def distill_step(run: RunArguments, logger: Any) -> None:
+def distill_step(run: TrainingRun) -> None:
     """Check the distillation keys when ``distill`` is set, and keep the student's ``trust_remote_code`` for
     loading the teacher."""
     distill = run.zebra
@@ -40,7 +41,7 @@ def distill_step(run: RunArguments, logger: Any) -> None:
     from llamafactory.train import callbacks
 
     install(SEAMS, callbacks, only=("LogCallback.on_log",), hint=SEAM_HINT)
-    logger.info_rank0(f"llamafactory-zebra: {describe(distill)}")
+    run.logger.info_rank0(f"llamafactory-zebra: {describe(distill)}")
 
 
 def describe(distill: ZebraArguments) -> str:

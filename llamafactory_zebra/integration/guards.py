@@ -19,13 +19,18 @@ its AMD recipe (see docs/rocm.md and docs/deepspeed.md):
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..attention_policy import LLAMAFACTORY_FA2, SDPA, attn_implementation_for, flash_attn_value
 from ..configuration_zebra import is_zebra_config
 from ..hparams import data_parallel_size, optimizer_steps_per_epoch, total_optimizer_steps, zebra_arguments
 from ..kernels import packed_attention_kernel, this_machine
 from .config_conflicts import check_deepspeed_conflicts, deepspeed_warnings
+from .steps import TrainingRun
+
+if TYPE_CHECKING:
+    from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArguments, TrainingArguments
+    from transformers import PretrainedConfig
 
 _SAVE_KEYS = (
     "stage3_gather_16bit_weights_on_model_save",
@@ -40,12 +45,29 @@ def running_on_rocm() -> bool:
     return this_machine().rocm_build
 
 
+def keep_packing_masks_2d(run: TrainingRun) -> None:
+    """For a Zebra checkpoint, ``block_diag_attn`` off: the model keeps packed samples apart itself (the
+    samples' borders reach every attention kernel), so LLaMA-Factory's 4-D neat-packing mask, O(L²) per row,
+    is never built for the non-FlashAttention backends."""
+    if run.config is not None:
+        run.model.block_diag_attn = False
+
+
+def guard_step(run: TrainingRun) -> None:
+    """For a Zebra checkpoint: the setups that must not start raise; the others are logged as warnings."""
+    if run.config is None:
+        return
+    arguments = run.model, run.data, run.training, run.finetuning, run.config
+    for warning in check_training_setup(*arguments, arguments=run.source):
+        run.logger.warning_rank0(f"llamafactory-zebra: {warning}")
+
+
 def check_training_setup(
-    model_args: Any,
-    data_args: Any,
-    training_args: Any,
-    finetuning_args: Any,
-    config: Any,
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: TrainingArguments,
+    finetuning_args: FinetuningArguments,
+    config: PretrainedConfig,
     *,
     num_train_examples: int | None = None,
     is_rocm: bool | None = None,

@@ -25,6 +25,7 @@ from ..kernels.workarounds import triton_cache_per_rank
 from ..presets import PRESET_HUB_IDS
 from ..released import checkpoint_layout
 from ..seam import Seam, original
+from .steps import TrainingRun
 
 
 def is_zebra_model(model_name_or_path: str | None) -> bool:
@@ -52,10 +53,13 @@ def log_resolution(resolution: Resolution, info: Callable[[str], None], warning:
         raise ValueError(resolution.stop_message())
 
 
-def training_kernel_step(model_args: Any, training_args: Any, logger: Any) -> None:
+def training_kernel_step(run: TrainingRun) -> None:
+    """For a Zebra model: resolve the kernels for training, log them, stop on a known-broken combination, and
+    apply the workarounds the plugin makes itself."""
+    model_args, logger = run.model, run.logger
     if not is_zebra_model(model_args.model_name_or_path):
         return
-    resolution = resolve_for_run(model_args, training=True, use_cpu=bool(getattr(training_args, "use_cpu", False)))
+    resolution = resolve_for_run(model_args, training=True, use_cpu=bool(getattr(run.training, "use_cpu", False)))
     log_resolution(resolution, logger.info_rank0, logger.warning_rank0)
     if any(p.key == TRITON_CACHE_SHARED for p in resolution.problems):
         directory = triton_cache_per_rank(resolution.stack)

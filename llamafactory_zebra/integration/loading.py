@@ -150,7 +150,8 @@ SEAMS = (
     Seam("llamafactory.model.loader", "load_config", ("model_args",), wrapper=released_layout_load_config),
     Seam("llamafactory.model.loader", "apply_liger_kernel", ("config", "model_args", "is_trainable", "require_logits"),
          wrapper=liger_left_to_patch_model),
-    Seam("llamafactory.model.loader", "patch_model", ("model", "tokenizer", "model_args", "is_trainable", "add_valuehead"),
+    Seam("llamafactory.model.loader", "patch_model",
+         ("model", "tokenizer", "model_args", "is_trainable", "add_valuehead"),
          wrapper=fused_cross_entropy_after_patch),
     Seam("llamafactory.model.patcher", "configure_rope", ("config", "model_args"), wrapper=zebra_rope_rule),
 )  # fmt: skip

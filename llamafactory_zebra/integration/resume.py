@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .steps import TrainingRun
+
+if TYPE_CHECKING:
+    from llamafactory.hparams import TrainingArguments
 
 TRAINER_STATE = "trainer_state.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -42,7 +47,14 @@ def complete_checkpoints(output_dir: str, world_size: int) -> list[str]:
     return [path for _, path in sorted(found)]
 
 
-def resume_from_last_complete_checkpoint(training_args: Any, logger: Any) -> None:
+def resume_step(run: TrainingRun) -> None:
+    """For a Zebra checkpoint: resume from the last complete save (the step says why it overrides
+    ``resume_from_checkpoint``)."""
+    if run.config is not None:
+        resume_from_last_complete_checkpoint(run.training, run.logger)
+
+
+def resume_from_last_complete_checkpoint(training_args: TrainingArguments, logger: Any) -> None:
     """Point ``resume_from_checkpoint`` (LLaMA-Factory's automatic choice or the user's) at a complete save.
 
     An incomplete choice is replaced by the newest complete checkpoint of an earlier step in the same

@@ -32,13 +32,18 @@ import contextlib
 import functools
 from collections.abc import Iterator
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..attention_policy import flash_attn_value, sequence_parallel_accepts_flash_attn
 from ..configuration_zebra import is_zebra_config
-from ..hparams import check_sequence_parallel_size
+from ..hparams import check_sequence_parallel_size, data_parallel_size
 from ..seam import Seam, original, wrapped
 from . import SEAM_HINT
+from .steps import TrainingRun
+
+if TYPE_CHECKING:
+    from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArguments, TrainingArguments
+    from transformers import PretrainedConfig
 
 UNSUPPORTED_WITH_SP = (
     ("predict_with_generate", "generation"),
@@ -51,8 +56,24 @@ UNSUPPORTED_WITH_SP = (
 )
 
 
+def sequence_parallel_step(run: TrainingRun) -> None:
+    """With ``sequence_parallel_size > 1``: the setup is checked and the split logged."""
+    sp = run.zebra.sequence_parallel_size
+    if sp > 1:
+        check_sequence_parallel_setup(sp, run.model, run.data, run.training, run.finetuning, run.config)
+        run.logger.info_rank0(
+            f"llamafactory-zebra: sequence parallelism {sp} x data parallelism "
+            f"{data_parallel_size(run.training.world_size, sp)}"
+        )
+
+
 def check_sequence_parallel_setup(
-    sp: int, model_args: Any, data_args: Any, training_args: Any, finetuning_args: Any, config: Any
+    sp: int,
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    training_args: TrainingArguments,
+    finetuning_args: FinetuningArguments,
+    config: PretrainedConfig | None,
 ) -> None:
     """Raise ``ValueError`` for a run SP cannot do exactly; called before any data is loaded."""
     if not is_zebra_config(config):
@@ -66,21 +87,21 @@ def check_sequence_parallel_setup(
     attention = flash_attn_value(model_args.flash_attn)
     if not sequence_parallel_accepts_flash_attn(attention):
         raise ValueError(
-            f"flash_attn: {attention} (eager attention) cannot run under sequence_parallel_size: it materialises whole-row "
-            f"attention weights per head; use flash_attn: fa2 on GPUs (packed samples via position_ids) or "
+            f"flash_attn: {attention} (eager attention) cannot run under sequence_parallel_size: it materialises "
+            f"whole-row attention weights per head; use flash_attn: fa2 on GPUs (packed samples via position_ids) or "
             f"sdpa (packed samples via their borders, docs/architecture.md#packed-sequences)"
         )
     if config.num_attention_heads % sp:
         raise ValueError(
-            f"sequence_parallel_size={sp} must divide the MLA query heads ({config.num_attention_heads}): Ulysses gives each "
-            f"rank whole heads"
+            f"sequence_parallel_size={sp} must divide the MLA query heads ({config.num_attention_heads}): Ulysses "
+            f"gives each rank whole heads"
         )
     # LLaMA-Factory keeps packed rows one token short of the YAML's cutoff_len and pads them back.
     cutoff_len = data_args.cutoff_len + int(bool(data_args.packing))
     if cutoff_len % sp:
         raise ValueError(
-            f"cutoff_len={cutoff_len} must be a multiple of sequence_parallel_size={sp} so a full packed row splits into "
-            f"equal shards without padding; use e.g. cutoff_len: {cutoff_len - cutoff_len % sp + sp}"
+            f"cutoff_len={cutoff_len} must be a multiple of sequence_parallel_size={sp} so a full packed row splits "
+            f"into equal shards without padding; use e.g. cutoff_len: {cutoff_len - cutoff_len % sp + sp}"
         )
     for attribute, what in UNSUPPORTED_WITH_SP:
         owner = next((a for a in (training_args, finetuning_args) if getattr(a, attribute, False)), None)

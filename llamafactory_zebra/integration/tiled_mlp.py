@@ -9,15 +9,24 @@ tiling itself is ``layers/tiled_mlp.py`` (DeepSpeed's ``TiledMLP``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from ..layers.tiled_mlp import AUTO, set_mlp_tiles
 from ..released import checkpoint_layout
+from .steps import TrainingRun
+
+if TYPE_CHECKING:
+    from llamafactory.hparams import ModelArguments, TrainingArguments
 
 
-def check_tiled_mlp_setup(model_args: Any, training_args: Any) -> None:
+def tiled_mlp_step(run: TrainingRun) -> None:
+    if run.zebra.tiled_mlp:
+        check_tiled_mlp_setup(run.model, run.training)
+
+
+def check_tiled_mlp_setup(model_args: ModelArguments, training_args: TrainingArguments) -> None:
     if checkpoint_layout(model_args.model_name_or_path) is None:
         raise ValueError(
             f"tiled_mlp: true is implemented for Zebra models; {model_args.model_name_or_path} is not one"

@@ -1,29 +1,16 @@
 """The training-run seams: one wrapper of ``get_train_args``, one of the SFT workflow's trainer class.
 
-``hparams.parser.get_train_args`` is where every plugin key and check meets LLaMA-Factory's parser.
-One wrapper runs the steps in this order (each step lives with its feature):
+``hparams.parser.get_train_args`` is where every plugin key and check meets LLaMA-Factory's parser. Its
+wrapper takes the plugin's own keys out of the arguments (``sequence_parallel_size``, ``tiled_mlp``, the
+``distill`` keys: LLaMA-Factory's parser rejects unknown keys) into ``hparams.ZebraArguments``, lets
+LLaMA-Factory parse the rest, and hands one :class:`~.steps.TrainingRun` (its five dataclasses and the
+plugin's keys as one ``hparams.RunArguments``, the checkpoint's Zebra config, where the arguments came from)
+to every step of :data:`TRAINING_STEPS`, in order, before any data is loaded. The table says what each step
+does and why; each lives with its feature.
 
-1. the plugin's own keys leave the arguments and are parsed into ``hparams.ZebraArguments``
-   (``sequence_parallel_size``, ``tiled_mlp``, the ``distill`` keys): LLaMA-Factory's parser rejects
-   unknown keys;
-2. LLaMA-Factory parses the rest; its five dataclasses and the plugin's keys travel on as one
-   ``hparams.RunArguments`` (fields by name), and the plugin's keys are stored on ``finetuning_args``;
-3. sequence parallelism: the setup is checked (world size, attention backend, heads, ``cutoff_len``)
-   — ``sequence_parallel.py``;
-4. tiled MLP: the setup is checked — ``tiled_mlp.py``;
-5. distillation: the settings are checked (it refuses SP and tiled MLP) — ``distill.py``;
-6. kernels, for Zebra models (local or AMD's hub ids): resolved for training (``kernel_choice.py``);
-   a known-broken kernel/Triton/GPU combination stops the run here, before the model loads, with the
-   fixes as the last lines;
-7. guard rails, for Zebra checkpoints: neat-packing masks stay 2-D (the model isolates samples itself,
-   so the O(L²) 4-D mask LLaMA-Factory builds for non-FA2 backends is not needed), then
-   ``guards.check_training_setup`` — which reads the stored keys, and names the YAML file (or the
-   command line) the arguments came from — then ``resume_from_last_complete_checkpoint`` points
-   ``resume_from_checkpoint`` at a complete save (``resume.py``).
-
-All of it runs before any data is loaded. When SP, tiled MLP or distillation is on, ``train.sft.workflow``'s
-``CustomSeq2SeqTrainer`` is wrapped (once per process; by then ``llamafactory.train.tuner`` has
-imported the workflow) so the run gets tiled MLPs and/or the sequence-parallel or distillation trainer.
+When SP, tiled MLP or distillation is on, ``train.sft.workflow``'s ``CustomSeq2SeqTrainer`` is wrapped (once
+per process; by then ``llamafactory.train.tuner`` has imported the workflow) so the run gets tiled MLPs and/or
+the sequence-parallel or distillation trainer.
 """
 
 from __future__ import annotations
@@ -32,51 +19,51 @@ import functools
 from types import ModuleType
 from typing import Any
 
-from ..configuration_zebra import ZebraConfig
-from ..hparams import (
-    RunArguments,
-    ZebraArguments,
-    data_parallel_size,
-    pop_zebra_arguments,
-    store_zebra_arguments,
-    zebra_arguments,
-)
+from ..hparams import RunArguments, ZebraArguments, pop_zebra_arguments, store_zebra_arguments, zebra_arguments
 from ..released import checkpoint_layout, load_checkpoint_config
 from ..seam import Seam, install, original
 from . import SEAM_HINT
 from .config_conflicts import arguments_source
 from .distill import distill_step
-from .guards import check_training_setup
+from .guards import guard_step, keep_packing_masks_2d
 from .kernel_choice import training_kernel_step
-from .resume import resume_from_last_complete_checkpoint
-from .sequence_parallel import check_sequence_parallel_setup
-from .tiled_mlp import check_tiled_mlp_setup, tile_mlps
+from .resume import resume_step
+from .sequence_parallel import sequence_parallel_step
+from .steps import Step, TrainingRun, run_steps
+from .tiled_mlp import tile_mlps, tiled_mlp_step
 
 
-def sequence_parallel_step(run: RunArguments, config: ZebraConfig | None, logger: Any) -> None:
-    sp = run.zebra.sequence_parallel_size
-    if sp > 1:
-        check_sequence_parallel_setup(sp, run.model, run.data, run.training, run.finetuning, config)
-        logger.info_rank0(
-            f"llamafactory-zebra: sequence parallelism {sp} x data parallelism "
-            f"{data_parallel_size(run.training.world_size, sp)}"
-        )
+def store_plugin_keys(run: TrainingRun) -> None:
+    store_zebra_arguments(run.finetuning, run.zebra)
 
 
-def tiled_mlp_step(run: RunArguments) -> None:
-    if run.zebra.tiled_mlp:
-        check_tiled_mlp_setup(run.model, run.training)
+def trainer_wrapper_step(run: TrainingRun) -> None:
+    if needs_trainer_wrapper(run.zebra):
+        from llamafactory.train.sft import workflow
+
+        install(SEAMS, workflow, only=("CustomSeq2SeqTrainer",), hint=SEAM_HINT)
 
 
-def guard_step(run: RunArguments, config: ZebraConfig | None, arguments: str, logger: Any) -> None:
-    if config is None:
-        return
-    run.model.block_diag_attn = False
-    for warning in check_training_setup(
-        run.model, run.data, run.training, run.finetuning, config, arguments=arguments
-    ):
-        logger.warning_rank0(f"llamafactory-zebra: {warning}")
-    resume_from_last_complete_checkpoint(run.training, logger)
+TRAINING_STEPS: tuple[Step, ...] = (
+    Step("plugin keys", store_plugin_keys,
+         "the trainer wrapper and the workers read the plugin's keys from finetuning_args, the one object "
+         "LLaMA-Factory hands them", overrides="finetuning_args (an added attribute)"),
+    Step("sequence parallelism", sequence_parallel_step,
+         "world size, attention backend, heads and cutoff_len must allow an exact Ulysses split"),
+    Step("tiled MLP", tiled_mlp_step, "Zebra models only, and DeepSpeed or a single process"),
+    Step("distillation", distill_step, "stage, teacher, vocabulary, weights and ILD shapes; no SP or tiled MLP"),
+    Step("kernels", training_kernel_step,
+         "a known-broken kernel/Triton/GPU combination stops the run here, before the model loads, with the fixes"),
+    Step("2-D packing masks", keep_packing_masks_2d,
+         "the Zebra model keeps packed samples apart itself, so LLaMA-Factory's O(L^2) 4-D neat-packing mask for "
+         "non-FlashAttention backends is not built", overrides="model_args.block_diag_attn"),
+    Step("guard rails", guard_step,
+         "fp16 on ROCm, DeepSpeed conflicts, attention backends, warmup and ZeRO-3 saves, named with the YAML"),
+    Step("resume", resume_step,
+         "a checkpoint a crash left half-written is never resumed from: the last complete one is",
+         overrides="training_args.resume_from_checkpoint"),
+    Step("trainer", trainer_wrapper_step, "SP, tiled MLP and distillation need their trainer"),
+)  # fmt: skip
 
 
 def plugin_keys_and_checks(parser: ModuleType) -> Any:
@@ -85,22 +72,13 @@ def plugin_keys_and_checks(parser: ModuleType) -> Any:
 
     @functools.wraps(get_train_args)
     def zebra_get_train_args(args=None):
-        arguments = arguments_source(args)
+        source = arguments_source(args)
         args, zebra = pop_zebra_arguments(read_args(args))
-        run = RunArguments.from_llamafactory(get_train_args(args), zebra)
-        store_zebra_arguments(run.finetuning, zebra)
-        path = run.model.model_name_or_path
+        arguments = RunArguments.from_llamafactory(get_train_args(args), zebra)
+        path = arguments.model.model_name_or_path
         config = load_checkpoint_config(path) if checkpoint_layout(path) else None
-        sequence_parallel_step(run, config, parser.logger)
-        tiled_mlp_step(run)
-        distill_step(run, parser.logger)
-        training_kernel_step(run.model, run.training, parser.logger)
-        guard_step(run, config, arguments, parser.logger)
-        if needs_trainer_wrapper(zebra):
-            from llamafactory.train.sft import workflow
-
-            install(SEAMS, workflow, only=("CustomSeq2SeqTrainer",), hint=SEAM_HINT)
-        return run.llamafactory_tuple()
+        run_steps(TRAINING_STEPS, TrainingRun(arguments, config, source, parser.logger))
+        return arguments.llamafactory_tuple()
 
     return zebra_get_train_args
 

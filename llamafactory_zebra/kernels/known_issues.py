@@ -1,13 +1,13 @@
 """Kernel/version/device combinations known to give wrong results, stop or hang a run: the data, one entry each.
 
-An entry matches a :class:`~.stack.Stack` when the op it concerns runs the named kernel family, the
-device vendor (and compute capability or architecture) fall in its range, every versioned package is
-installed within its range and the run makes the affected pass (``"backward"``: training only;
-``"forward"``: every run; a pass, not a resolver phase: training, inference or serving). ``resolver.py`` reads the entries; nothing else in the package hard-codes
-one. Each entry says what this project *established* (and how) apart from what is *reported*
-upstream, cites the threads, and gives fixes a user can run. An entry with a ``workaround`` is one the
-plugin applies itself (``workarounds.py``): it is a note, not a stop, and its fixes are the advice for
-when the workaround is not enough. Add an entry here when an upstream bug is confirmed.
+An entry matches a :class:`~.stack.Stack` when the op it concerns runs the named kernel family, the device vendor (and
+compute capability or architecture) fall in its range, every versioned package is installed within its range and the
+run makes the affected pass (``"backward"``: training only; ``"forward"``: every run; a pass, not a resolver phase:
+training, inference or serving). ``resolver.py`` reads the entries; nothing else in the package hard-codes one. Each
+entry says what this project *established* (and how) apart from what is *reported* upstream, cites the threads, and
+gives fixes a user can run. An entry with a ``workaround`` is one the plugin applies itself (``workarounds.py``): it is
+a note, not a stop, and its fixes are the advice for when the workaround is not enough. Add an entry here when an
+upstream bug is confirmed.
 """
 
 from __future__ import annotations

@@ -350,7 +350,8 @@ def _cpu_inference(call: Call) -> str | None:
 
 
 def _cpu_step_fits(call: Call) -> str | None:
-    """The C++ decode step: an fp32 or bf16 state with rows of V contiguous (vLLM's SSM cache as the layer views it)."""
+    """The C++ decode step: an fp32 or bf16 state with rows of V contiguous (vLLM's SSM cache as the layer views
+    it)."""
     state_dtype = call.fact(Fact.STATE_DTYPE)
     if state_dtype not in (torch.float32, torch.bfloat16):
         return f"a {state_dtype} state (it takes fp32 or bf16)"
@@ -379,8 +380,17 @@ def _bf16_dot_products(stack: Stack) -> str | None:
 def _cpp(op: Op, key: Key, label: str, priority: int, fits: Callable[[Call], str | None], **more) -> Kernel:
     """An entry of the package's C++ CPU extension (``ops/cpu_extension.py``): built on first use with the
     machine's compiler; a build that fails passes it over (``KernelLoadError``) with one warning."""
-    return Kernel(op, key, label, CPP, priority, needs=more.pop("needs", _linux_compiler), fits=fits,
-                  because=more.pop("because", lambda stack: f"on a CPU, built with {stack.compiler}"), **more)  # fmt: skip
+    return Kernel(
+        op,
+        key,
+        label,
+        CPP,
+        priority,
+        needs=more.pop("needs", _linux_compiler),
+        fits=fits,
+        because=more.pop("because", lambda stack: f"on a CPU, built with {stack.compiler}"),
+        **more,
+    )
 
 
 def _vllm_conv_needs(stack: Stack) -> str | None:
@@ -470,7 +480,8 @@ KERNELS: tuple[Kernel, ...] = (
     # Serving's conv on state slots (serving/vllm/gdn.py): vLLM's C++ conv, else this package's conv op.
     Kernel(CONV_IN_SLOTS, Key.VLLM_CPP, "vLLM's C++ causal conv (causal_conv1d_*_cpu)", VLLM, 0,
            requires="vllm", needs=_vllm_conv_needs, fits=_vllm_conv_fits,
-           because=lambda stack: f"vllm {stack.version('vllm')} on a CPU with bf16 dot products, bf16 inputs, width 4"),
+           because=lambda stack: f"vllm {stack.version('vllm')} on a CPU with bf16 dot products, bf16 inputs, "
+                                 "width 4"),
     Kernel(CONV_IN_SLOTS, Key.CONV_OP, "the conv op on the slots (fla on GPUs, PyTorch elsewhere)", TORCH, 1),
     # The gated RMSNorm closing a GDN layer (ops/gated_rms_norm.py; the vLLM layer on a GPU runs vLLM's own).
     _cpp(GATED_NORM, Key.CPP, "C++ one-pass gated RMSNorm (gated_rms_norm.cpp)", 0,
@@ -479,8 +490,8 @@ KERNELS: tuple[Kernel, ...] = (
     # MLA over packed rows (layers/mla.py), named as attention_policy.py names them.
     Kernel(ATTENTION, Key.FLASH_VARLEN, "FlashAttention varlen", FLASH_ATTN, 0,
            fits=_attention(*FLASH_ATTENTION_BACKENDS)),
-    Kernel(ATTENTION, Key.FLEX_BLOCK_MASK, "flex_attention on the samples' borders", Family.FLEX, 1, fits=_attention(SDPA),
-           auto=_gpu_call),
+    Kernel(ATTENTION, Key.FLEX_BLOCK_MASK, "flex_attention on the samples' borders", Family.FLEX, 1,
+           fits=_attention(SDPA), auto=_gpu_call),
     Kernel(ATTENTION, Key.SDPA_PER_SEGMENT, "one sdpa call per sample", Family.SDPA, 2, fits=_attention(SDPA)),
     Kernel(ATTENTION, Key.DENSE_MASK, "a dense block-causal mask", Family.DENSE, 3),
     # The training loss from hidden states (loss.py); ``fused`` is LLaMA-Factory's enable_liger_kernel.

@@ -238,7 +238,8 @@ class ZebraMLA(nn.Module):
         return query.transpose(1, 2)
 
     def compress(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Latent ``[B, 1, T, r]`` (``kv_a_layernorm`` applied for ``lora``) and un-rotated rope key ``[B, 1, T, d]``."""
+        """Latent ``[B, 1, T, r]`` (``kv_a_layernorm`` applied for ``lora``) and the un-rotated rope key
+        ``[B, 1, T, d]``."""
         compressed = self.kv_a_proj_with_mqa(hidden_states)
         latent, rope_key = compressed.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
         if self.mla_norm == MLA_NORM_LORA:
@@ -271,7 +272,8 @@ class ZebraMLA(nn.Module):
         return kv.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
 
     def expand(self, kv: torch.Tensor, rope_entry: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``kv_b_proj`` of the cached latents ``[B, S, ·]`` and the rope entries ``[B, 1, S, ·]`` → keys and values ``[B, kv_heads, S, ·]``."""
+        """``kv_b_proj`` of the cached latents ``[B, S, ·]`` and the rope entries ``[B, 1, S, ·]`` → keys and
+        values ``[B, kv_heads, S, ·]``."""
         key_nope, value = self.split_heads(kv)
         rope_key = rope_entry
         if self.mla_norm == MLA_NORM_QK_HEAD:

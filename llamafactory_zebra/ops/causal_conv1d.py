@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from ..kernel_names import Key
 from ..kernels import CONV, Call, run
 from .backend import fla_function
+from .recompute import recomputed
 from .segments import check_cu_seqlens_layout, segment_bounds
 
 _FLA_CONV = ("fla.modules.causal_conv1d", "fla.modules.convolution")
@@ -74,13 +75,22 @@ def causal_conv1d(
     width = weight.shape[1]
     if initial_state is not None and tuple(initial_state.shape) != (num_seqs, x.shape[2], width):
         raise ValueError(
-            f"initial_state must have shape [N, D, W] = {(num_seqs, x.shape[2], width)}, got {tuple(initial_state.shape)}."
+            f"initial_state must have shape [N, D, W] = {(num_seqs, x.shape[2], width)}, "
+            f"got {tuple(initial_state.shape)}."
         )
 
     return run(
-        CONV, Call.of(x), SEQUENCE_IMPLEMENTATIONS, x, weight, bias, activation, initial_state, output_final_state,
+        CONV,
+        Call.of(x),
+        SEQUENCE_IMPLEMENTATIONS,
+        x,
+        weight,
+        bias,
+        activation,
+        initial_state,
+        output_final_state,
         cu_seqlens,
-    )  # fmt: skip
+    )
 
 
 def _causal_conv1d_fla(x, weight, bias, activation, initial_state, output_final_state, cu_seqlens):
@@ -100,7 +110,19 @@ def _causal_conv1d_torch(x, weight, bias, activation, initial_state, output_fina
 
     The "extended stream" holds, per sequence, its initial state (W rows) followed by its tokens, so
     a window that runs off the start of a sequence reads that sequence's history, never a neighbour.
+    Training calls (no final state) keep only x for backward and run the convolution again there
+    (``recompute.py``), not the stream and the pre-activation output (two more copies of x in fp32).
     """
+    if not output_final_state:
+        return recomputed(_causal_conv1d_torch_output, x, weight, bias, activation, initial_state, cu_seqlens), None
+    return _causal_conv1d_torch_pass(x, weight, bias, activation, initial_state, output_final_state, cu_seqlens)
+
+
+def _causal_conv1d_torch_output(x, weight, bias, activation, initial_state, cu_seqlens):
+    return _causal_conv1d_torch_pass(x, weight, bias, activation, initial_state, False, cu_seqlens)[0]
+
+
+def _causal_conv1d_torch_pass(x, weight, bias, activation, initial_state, output_final_state, cu_seqlens):
     batch, seq_len, channels = x.shape
     width = weight.shape[1]
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32

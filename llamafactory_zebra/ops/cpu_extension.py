@@ -70,8 +70,9 @@ def _build() -> ModuleType | None:
 
 def cpu_kernels() -> ModuleType:
     """The built extension, for an op whose ``cpp`` registry entry was chosen. The first call builds (tens of
-    seconds) or loads the cached build; a build that failed raises :class:`~llamafactory_zebra.kernels.KernelLoadError`,
-    so the registry passes the entry over from then on and the op runs the next one."""
+    seconds) or loads the cached build; a build that failed raises
+    :class:`~llamafactory_zebra.kernels.KernelLoadError`, so the registry passes the entry over from then on and
+    the op runs the next one."""
     kernels = _build()
     if kernels is None:
         raise KernelLoadError("the package's C++ CPU kernels did not build (the warning above says why)")

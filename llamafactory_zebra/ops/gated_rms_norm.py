@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from ..kernel_names import Key
 from ..kernels import GATED_NORM, Call, run
 from .cpu_extension import cpu_kernels
+from .recompute import recomputed
 
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -32,7 +33,13 @@ def gated_rms_norm_cpp(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor
 
 
 def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The formula in PyTorch: the differentiable path, and the reference the C++ pass must equal."""
+    """The formula in PyTorch: the differentiable path, and the reference the C++ pass must equal. With
+    gradients it keeps x, gate and weight for backward and runs the formula again there (``recompute.py``:
+    autograd's gradients, bit for bit), not the formula's five activation-sized intermediates."""
+    return recomputed(_gated_rms_norm_formula, x, gate, weight, eps)
+
+
+def _gated_rms_norm_formula(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     compute_dtype = torch.promote_types(x.dtype, torch.float32)
     hidden = x.to(compute_dtype)
     hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + eps)

@@ -63,11 +63,18 @@ def per_segment_sdpa(
     """Packed causal attention as one causal sdpa call per sample (``[B, T, heads, v]``).
 
     Key/value heads are repeated to the query heads first (a copy linear in ``T``): PyTorch's CPU flash
-    kernel does not take ``enable_gqa`` and would fall back to the math kernel, which is quadratic.
+    kernel does not take ``enable_gqa`` and would fall back to the math kernel, which is quadratic. For the
+    same reason heads of two sizes (MLA: q/k 64 and v 32 in ``tiny-16k``) are padded with zero columns to
+    the wider one, and the output's padding is cut: the fused kernels take one head size for q, k and v, and
+    the math kernel keeps every sample's ``T x T`` weights per head for backward (1 GiB for one 8K sample
+    with 4 heads in fp32). Zero columns change no score (``scale`` is explicit, not the padded width's) and
+    no output column.
     """
     batch, heads = query.shape[:2]
     query, key, value = (_flatten_rows(x) for x in (query, key, value))
     key, value = _repeat_key_value_heads(key, heads), _repeat_key_value_heads(value, heads)
+    value_dim, width = value.shape[-1], max(query.shape[-1], value.shape[-1])
+    query, key, value = (F.pad(x, (0, width - x.shape[-1])) if x.shape[-1] < width else x for x in (query, key, value))
     borders = cu_seqlens.tolist()
     outputs = [
         F.scaled_dot_product_attention(
@@ -80,7 +87,7 @@ def per_segment_sdpa(
         )
         for start, end in zip(borders[:-1], borders[1:], strict=True)
     ]
-    return _unflatten_rows(torch.cat(outputs, dim=2), batch)
+    return _unflatten_rows(torch.cat(outputs, dim=2)[..., :value_dim], batch)
 
 
 def token_segments(cu_seqlens: torch.Tensor) -> torch.Tensor:

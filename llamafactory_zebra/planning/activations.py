@@ -13,7 +13,7 @@ logits dwarf everything unless the loss is fused. So the count below follows the
   save the same set; SDPA's wrapper adds one contiguous copy of the output);
 * GDN: the gates, the short convolutions, the delta-rule kernel (``fla``, or ``torch``: the tensors
   ``ops/gated_delta_rule/chunk.py`` passes to ``save_for_backward``, which change with that file), and
-  ``ZebraGatedRMSNorm``, which runs in fp32 PyTorch and keeps five fp32 copies of the value channels.
+  ``ZebraGatedRMSNorm``, which keeps its inputs (its PyTorch formula runs again in backward).
 
 Backward also needs scratch memory on top of the saved tensors (gradients of one layer's
 intermediates; for fla's kernel the per-chunk states ``h`` and ``dh``); ``_backward_peak`` estimates
@@ -137,6 +137,17 @@ def _mla_saved(d: _Dims, k: Kernels) -> dict[str, float]:
     return {**_block_saved(d), "mla projections": projections, "attention": attention}
 
 
+def _torch_chunk_saved(Kt: int, Vt: int, H: int) -> float:
+    """Floats per token ``ops/gated_delta_rule/chunk.py`` saves for backward: chunked q, k, v, beta and γ."""
+    return 2 * Kt + Vt + 2 * H
+
+
+def _torch_chunk_intermediates(Kt: int, Vt: int, H: int) -> float:
+    """Floats per token of the in-chunk tensors its backward works from (what it saved before it recomputed):
+    q, k, [q·γ; W], k·decay; v, [products; v_new]; beta, γ terms; decay, kkᵀ, qkᵀ, intra, inverse (C×C)."""
+    return 5 * Kt + 3 * Vt + H * (3 + 5 * GDN_CHUNK)
+
+
 def _gdn_saved(d: _Dims, k: Kernels) -> dict[str, float]:
     a, H, Kt, Vt = d.a, d.gdn_heads, d.key_dim, d.value_dim
     channels = 2 * Kt + Vt
@@ -146,13 +157,13 @@ def _gdn_saved(d: _Dims, k: Kernels) -> dict[str, float]:
         # normalised q and k, their rstd, v, the chunk-local cumsum of g and the in-chunk matrix A
         delta_rule = 2 * a * Kt + 2 * FP32 * H + a * Vt + FP32 * H + a * H * GDN_CHUNK
     else:
-        convolutions = 2 * FP32 * channels  # fp32 history-extended stream and pre-SiLU output
+        convolutions = a * channels  # the inputs: the convolution runs again in backward (ops/recompute.py)
         l2norm = 2 * (FP32 * Kt + FP32 * H)
-        # q, k, [q·γ; W], k·decay; v, [products; v_new]; beta, γ terms; decay, kkᵀ, qkᵀ, intra, inverse (C×C)
-        chunk_tensors = 5 * Kt + 3 * Vt + H * (3 + 5 * GDN_CHUNK)
+        # chunked q, k, v, beta and γ (the in-chunk intermediates are recomputed in backward)
+        chunk_tensors = _torch_chunk_saved(Kt, Vt, H)
         entering_states = H * d.dk * d.dv / GDN_CHUNK
         delta_rule = l2norm + FP32 * (chunk_tensors + entering_states)
-    gated_norm = 5 * FP32 * Vt + FP32 * H + a * Vt  # fp32 copies of o, x̂, w·x̂, gate, silu(gate); o_proj input
+    gated_norm = 3 * a * Vt  # o and the gate (the PyTorch norm runs again in backward); o_proj's input
     return {
         **_block_saved(d),
         "gdn gates": gates,
@@ -184,7 +195,9 @@ def _backward_peak(d: _Dims, k: Kernels, layer_type: str, saved: dict[str, float
         if k.gdn == FLA:
             scratch = 2 * a * H * d.dk * d.dv / GDN_CHUNK + a * (2 * Kt + 4 * Vt) + FP32 * (3 * Kt + H)
         else:
-            scratch = FP32 * (8 * Kt + 7 * Vt + 7 * H * GDN_CHUNK)
+            # the gradients, and the in-chunk intermediates recomputed from the saved chunked inputs
+            recomputed = _torch_chunk_intermediates(Kt, Vt, H) - _torch_chunk_saved(Kt, Vt, H)
+            scratch = FP32 * (8 * Kt + 7 * Vt + 7 * H * GDN_CHUNK + recomputed)
         scratch += FP32 * Vt  # the fp32 gradient of the kernel's output
     return max(mlp_phase, upstream + scratch) + 2 * a * d.h  # plus the residual stream's gradients
 
@@ -229,8 +242,8 @@ class LossMemory:
 def loss_memory(config: ZebraConfig, tokens: int, act_bytes: int, kernels: Kernels) -> LossMemory:
     """Memory of lm_head + cross-entropy over ``tokens`` tokens on one rank.
 
-    logits (transformers' ``ForCausalLMLoss``, fused cross-entropy off): bf16 logits, their fp32 copy and fp32 log-softmax in
-    forward; log-softmax output kept; two fp32 vocab-sized gradients in backward.
+    logits (transformers' ``ForCausalLMLoss``, fused cross-entropy off): bf16 logits, their fp32 copy and fp32
+    log-softmax in forward; log-softmax output kept; two fp32 vocab-sized gradients in backward.
     liger / chunked: the gradient w.r.t. the hidden states and lm_head is computed chunk by chunk in
     forward and kept (``grad_input`` tokens × hidden, ``grad_weight`` vocab × hidden), so only one chunk
     of logits ever exists.

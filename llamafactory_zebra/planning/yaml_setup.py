@@ -1,8 +1,9 @@
 """Turn a LLaMA-Factory training YAML into a ``TrainingSetup``, the way LLaMA-Factory itself reads it.
 
-The file is read and parsed by ``hparams.read_run_arguments`` (as ``llamafactory.hparams.parser.read_args``
-reads it): the plugin's keys (``sequence_parallel_size``) into ``hparams.ZebraArguments`` and the rest
-into LLaMA-Factory's own dataclasses, so defaults and validation are LLaMA-Factory's and the plugin's own. ``TrainingArguments`` is the exception: its ``__post_init__`` checks the
+The file is read and parsed by ``hparams.read_run_arguments`` (as ``llamafactory.hparams.parser.read_args`` reads it):
+the plugin's keys (``sequence_parallel_size``) into ``hparams.ZebraArguments`` and the rest into LLaMA-Factory's own
+dataclasses, so defaults and validation are LLaMA-Factory's and the plugin's own. ``TrainingArguments`` is the
+exception: its ``__post_init__`` checks the
 *current* machine (bf16 needs a GPU, DeepSpeed initialises accelerate), and the plan is usually made on
 another one; its few fields that matter are read from the YAML with the dataclass's defaults.
 """

@@ -1,7 +1,7 @@
 """Building small Zebra checkpoints, serving them with vLLM, and measuring vLLM's log-probs against the
-transformers model (``ZebraForCausalLM``) run on the same tokens. Shared by ``tests_vllm/`` (the vLLM venv), the fast lane's serving smoke test
-and ``tests_vllm/lora_reference.py`` (the training venv); vLLM is imported only inside the functions
-that serve."""
+transformers model (``ZebraForCausalLM``) run on the same tokens. Shared by ``tests_vllm/`` (the vLLM venv), the fast
+lane's serving smoke test and ``tests_vllm/lora_reference.py`` (the training venv); vLLM is imported only inside the
+functions that serve."""
 
 from __future__ import annotations
 

@@ -63,7 +63,8 @@ EXPECTED = {
         user(OPENTHOUGHTS_PREFIX + "What is the sum of the interior angles of a hexagon?")
         + answer(
             "<think>\nA polygon with n sides has interior angles summing to (n - 2) * 180 degrees.\n\n"
-            "For n = 6 that is 4 * 180 = 720.\n</think>\n\nThe interior angles of a hexagon sum to \\boxed{720^\\circ}."
+            "For n = 6 that is 4 * 180 = 720.\n</think>\n\n"
+            "The interior angles of a hexagon sum to \\boxed{720^\\circ}."
         ),
         user("Write a Python function that returns the largest element of a list.")
         + answer(

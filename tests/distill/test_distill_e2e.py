@@ -157,7 +157,8 @@ def test_ild_then_kd_single_process_lowers_heldout_kl_and_loss(models):
     kl1, ce1 = heldout_kl_and_loss(ild_out, teacher)
     kl2, ce2 = heldout_kl_and_loss(kd_out, teacher)
     print(
-        f"held-out KL {kl0:.4f} -> ILD {kl1:.4f} -> KD {kl2:.4f}; |CE - teacher CE| {ce0:.4f} -> {ce1:.4f} -> {ce2:.4f}"
+        f"held-out KL {kl0:.4f} -> ILD {kl1:.4f} -> KD {kl2:.4f}; "
+        f"|CE - teacher CE| {ce0:.4f} -> {ce1:.4f} -> {ce2:.4f}"
     )
     assert kl2 < kl0 / KL_DROP_FACTOR and kl2 < kl1, (kl0, kl1, kl2)
     assert ce2 < ce0, (ce0, ce1, ce2)

@@ -246,7 +246,8 @@ def attempt(case, yaml_path):
     sys.argv = ["llamafactory-cli", yaml_path]  # what `llamafactory-cli train YAML` hands a worker
     try:
         training_args = get_train_args()[2]
-        print("OUTCOME", json.dumps({"case": case, "bf16": training_args.hf_deepspeed_config.config["bf16"]["enabled"]}))
+        bf16 = training_args.hf_deepspeed_config.config["bf16"]["enabled"]
+        print("OUTCOME", json.dumps({"case": case, "bf16": bf16}))
     except ValueError as err:
         print("OUTCOME", json.dumps({"case": case, "error": str(err)}))
 

@@ -231,6 +231,15 @@ def _model_args(path="amd/HyLo-Qwen-7MLA21GDN-64K", flash_attn="auto", liger=Tru
     return types.SimpleNamespace(model_name_or_path=path, flash_attn=flash_attn, enable_liger_kernel=liger)
 
 
+def _training_run(model_args, logger, use_cpu=False):
+    """The run object ``training.py`` hands its steps, with only what the kernel step reads."""
+    from llamafactory_zebra.hparams import RunArguments, ZebraArguments
+    from llamafactory_zebra.integration.steps import TrainingRun
+
+    training = types.SimpleNamespace(use_cpu=use_cpu)
+    return TrainingRun(RunArguments(model_args, None, training, None, None, ZebraArguments()), None, "t.yaml", logger)
+
+
 def test_training_step_raises_with_the_fixes_last_and_logs_the_table_once(monkeypatch):
     from llamafactory_zebra.integration import kernel_choice
 
@@ -239,12 +248,12 @@ def test_training_step_raises_with_the_fixes_last_and_logs_the_table_once(monkey
     logged = []
     logger = types.SimpleNamespace(info_rank0=logged.append, warning_rank0=logged.append)
     with pytest.raises(ValueError) as stopped:
-        kernel_choice.training_kernel_step(_model_args(), types.SimpleNamespace(use_cpu=False), logger)
+        kernel_choice.training_kernel_step(_training_run(_model_args(), logger))
     assert str(stopped.value).splitlines()[-3].startswith('  1. upgrade Triton: pip install "triton>=3.7.1"')
     assert len(logged) == 1 and "kernels for training on NVIDIA H200" in logged[0]
     # use_cpu: true trains on the CPU whatever the GPU: nothing to stop; other models are left alone.
-    kernel_choice.training_kernel_step(_model_args(), types.SimpleNamespace(use_cpu=True), logger)
-    kernel_choice.training_kernel_step(_model_args("Qwen/Qwen3-1.7B"), types.SimpleNamespace(use_cpu=False), logger)
+    kernel_choice.training_kernel_step(_training_run(_model_args(), logger, use_cpu=True))
+    kernel_choice.training_kernel_step(_training_run(_model_args("Qwen/Qwen3-1.7B"), logger))
     assert len(logged) == 1  # the table is logged once per process and phase
 
 

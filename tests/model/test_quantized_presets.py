@@ -97,7 +97,8 @@ def test_every_shipped_presets_4bit_layers_fit_the_kernel_and_the_kept_ones_do_n
     probe = bnb.nn.Linear4bit(64, 48, bias=False, compute_dtype=torch.float32, quant_type="nf4")
     if not getattr(probe, "support_avx512bf16_for_cpu", False):
         pytest.skip(
-            "this CPU lacks AVX512-BF16: bitsandbytes' packed 4-bit CPU kernel (whose shapes the rule is for) is not used"
+            "this CPU lacks AVX512-BF16: bitsandbytes' packed 4-bit CPU kernel (whose shapes the rule is for) "
+            "is not used"
         )
     shapes = _linear_shapes()
     assert not all(shapes.values()) and any(shapes.values())

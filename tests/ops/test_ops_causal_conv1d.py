@@ -61,6 +61,30 @@ def test_packed_conv_matches_per_sequence_reference(use_state, use_bias, activat
             torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-12, msg=f"grad {name}")
 
 
+@pytest.mark.parametrize("use_state, use_bias", [(True, True), (False, False)])
+def test_training_calls_keep_only_their_inputs_and_get_autograds_gradients(use_state, use_bias):
+    """Without a final state (training) the conv keeps its inputs alone for backward and runs again there:
+    output and gradients equal autograd through the one-pass path bit for bit."""
+    from llamafactory_zebra.ops.causal_conv1d import _causal_conv1d_torch_pass
+
+    cu = torch.tensor([0, *torch.tensor(LENGTHS).cumsum(0).tolist()], dtype=torch.int32)
+    x, weight, bias, state = (t.detach().float().requires_grad_() for t in make(sum(LENGTHS), num_seqs=len(LENGTHS)))
+    args = (x[None], weight, bias if use_bias else None, "silu", state if use_state else None)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        y, final = causal_conv1d(*args[:2], bias=args[2], initial_state=args[4], cu_seqlens=cu)
+    assert final is None
+    assert {t.data_ptr() for t in saved} == {t.data_ptr() for t in (x, weight, cu, *args[2:5:2]) if t is not None}
+    want, _ = _causal_conv1d_torch_pass(*args, False, cu)
+    leaves = [t for t in (x, weight, args[2], args[4]) if t is not None]
+    upstream = torch.randn(y.shape, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(y, want)
+    for mine, theirs in zip(
+        torch.autograd.grad(y, leaves, upstream), torch.autograd.grad(want, leaves, upstream), strict=True
+    ):
+        assert torch.equal(mine, theirs)
+
+
 def test_batched_rows_are_independent_sequences():
     x, weight, bias, state = make(2 * 7, num_seqs=2)
     y, final = causal_conv1d(x.view(2, 7, -1), weight, bias, initial_state=state, output_final_state=True)

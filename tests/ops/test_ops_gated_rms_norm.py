@@ -98,3 +98,29 @@ def test_the_training_layer_norm_is_the_op():
     x, gate, _ = inputs((3, 16), torch.float64)
     expected = F.rms_norm(x, (16,), norm.weight.double(), 1e-5) * F.silu(gate)
     torch.testing.assert_close(norm(x, gate), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_differentiable_path_keeps_its_inputs_only_and_gives_autograds_gradients(dtype):
+    """With gradients the formula keeps x, gate and weight (no activation-sized intermediate) and recomputes in
+    backward: output and gradients equal autograd through the formula bit for bit."""
+    x, gate, weight = (t.requires_grad_() for t in inputs((40, 2, 64), dtype))
+    upstream = torch.randn(40, 2, 64, generator=torch.Generator().manual_seed(3)).to(dtype)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        got = gated_rms_norm_reference(x, gate, weight, 1e-6)
+    assert [t.data_ptr() for t in saved] == [x.data_ptr(), gate.data_ptr(), weight.data_ptr()]
+    grads = torch.autograd.grad(got, (x, gate, weight), upstream)
+    want = gated_rms_norm_module._gated_rms_norm_formula(x, gate, weight, 1e-6)
+    want_grads = torch.autograd.grad(want, (x, gate, weight), upstream)
+    assert torch.equal(got, want)
+    for mine, theirs in zip(grads, want_grads, strict=True):
+        assert torch.equal(mine, theirs)
+
+
+def test_the_differentiable_path_gives_gradients_to_what_needs_them_only():
+    x, gate, weight = inputs((5, 3, 16), torch.float64)
+    x.requires_grad_()
+    (dx,) = torch.autograd.grad(gated_rms_norm_reference(x, gate, weight, 1e-6).sum(), (x,))
+    (want,) = torch.autograd.grad(gated_rms_norm_module._gated_rms_norm_formula(x, gate, weight, 1e-6).sum(), (x,))
+    assert torch.equal(dx, want) and gate.grad is None and weight.grad is None

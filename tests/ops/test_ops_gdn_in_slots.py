@@ -191,7 +191,10 @@ def test_prefill_with_bf16_operands_stays_within_bf16_noise():
         errors[name] = [(o.double() - expected_o).abs(), (run_cache[slots].double() - expected_states).abs()]
     for index, what in enumerate(("output", "final state")):
         exact, bf16 = errors["exact"][index], errors["bf16"][index]
-        summary = f"{what}: bf16 operands mean {bf16.mean():.2e} max {bf16.max():.2e}; exact mean {exact.mean():.2e} max {exact.max():.2e}"
+        summary = (
+            f"{what}: bf16 operands mean {bf16.mean():.2e} max {bf16.max():.2e}; "
+            f"exact mean {exact.mean():.2e} max {exact.max():.2e}"
+        )
         assert 0 < exact.mean() and bf16.mean() <= 2 * exact.mean(), summary
         assert bf16.max() <= 3 * exact.max(), summary
 

@@ -70,6 +70,27 @@ def test_per_segment_sdpa_equals_the_dense_mask_with_gradients(segments):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("qk, v", [(24, 8), (8, 24)], ids=["values-narrower", "values-wider"])
+def test_per_segment_sdpa_with_two_head_sizes_keeps_no_square_for_backward(qk, v):
+    """q/k and v of two head sizes (MLA's) still take sdpa's fused kernel, which saves nothing quadratic in a
+    sample's length (the math kernel keeps its T x T weights), and equal the dense reference (fp32)."""
+    segments = torch.tensor([[1] * 300 + [2] * 200])
+    query, key, value = (x.float().detach().requires_grad_() for x in _qkv(segments, qk=qk, v=v))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        got = per_segment_sdpa(query, key, value, cu_seqlens_from_segment_ids(segments), 0.3)
+    assert got.shape == (1, 500, 4, v)
+    assert max(saved) < 200 * 200  # the shorter sample's square; q, k, v and the output are 500 x 4 x 24
+    upstream = torch.randn(*got.shape, generator=torch.Generator().manual_seed(1))
+    grads = torch.autograd.grad((got * upstream).sum(), (query, key, value))
+    reference = [x.detach().double().requires_grad_() for x in (query, key, value)]
+    want = _dense_reference(*reference, segments, 0.3)
+    want_grads = torch.autograd.grad((want * upstream.double()).sum(), reference)
+    torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
+    for g, w in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w.float(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("block_size", [4, 16, 128])
 @pytest.mark.parametrize("segments", [SEGMENTS, NEAT], ids=["packing", "neat_packing"])
 def test_block_mask_from_borders_equals_flex_attention_own(segments, block_size):

@@ -122,7 +122,8 @@ OTHER_NAMES = {
 
 
 def _other_project(name: str) -> bool:
-    """Whether ``OTHER_NAMES`` lists the name or a module path it starts with (``data.loader._load_single_dataset``)."""
+    """Whether ``OTHER_NAMES`` lists the name or a module path it starts with
+    (``data.loader._load_single_dataset``)."""
     return any(name == other or name.startswith(f"{other}.") for other in OTHER_NAMES)
 
 

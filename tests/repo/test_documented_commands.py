@@ -88,7 +88,8 @@ def test_an_unknown_or_nested_typo_is_reported():
     docs = {
         "a.md": "run `llamafactory-zebra data retrival-sft --rows 3` then `llamafactory-zebra eval-longg x.yaml`\n",
         "b.sh": "llamafactory-zebra data inspect train.yaml\n# llamafactory-zebra stopped the run (prose)\n",
-        "c.md": "llamafactory-zebra installed its hook\n```\nllamafactory-zebra compare a=b\nError: llamafactory-zebra x\n```\n",
+        "c.md": "llamafactory-zebra installed its hook\n```\nllamafactory-zebra compare a=b\n"
+        "Error: llamafactory-zebra x\n```\n",
         "d.yaml": "# Data:  llamafactory-zebra dta list\n",
     }
     assert unknown_commands(docs) == [

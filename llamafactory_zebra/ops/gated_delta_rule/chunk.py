@@ -1,13 +1,13 @@
 """Chunked gated delta rule in plain PyTorch, with a hand-written backward.
 
 Why this exists: fla's Triton kernels need a GPU, and transformers' Qwen3-Next fallback
-(``torch_chunk_gated_delta_rule``) is differentiated by autograd through per-chunk slicing and a 63-step
-row loop, whose backward costs O(chunks x T) (measured against this file in ``docs/benchmarks.md``). This version follows the WY/UT formulation of fla's
-``ops/gated_delta_rule/chunk.py`` (Yang, Kautz, Hatamizadeh, "Gated Delta Networks", 2024; fla is
-MIT-licensed, Copyright (c) 2023-2025 Songlin Yang, Yu Zhang), written for batched dense algebra:
-every in-chunk quantity is computed for all chunks at once, the triangular system by one batched
-``solve_triangular``, and only the chunk-to-chunk state recurrence is a Python loop, forward and
-backward (see ``chunk_plan.py`` for how varlen sequences share that loop).
+(``torch_chunk_gated_delta_rule``) is differentiated by autograd through per-chunk slicing and a 63-step row loop,
+whose backward costs O(chunks x T) (measured against this file in ``docs/benchmarks.md``). This version follows the
+WY/UT formulation of fla's ``ops/gated_delta_rule/chunk.py`` (Yang, Kautz, Hatamizadeh, "Gated Delta Networks", 2024;
+fla is MIT-licensed, Copyright (c) 2023-2025 Songlin Yang, Yu Zhang), written for batched dense algebra: every in-chunk
+quantity is computed for all chunks at once, the triangular system by one batched ``solve_triangular``, and only the
+chunk-to-chunk state recurrence is a Python loop, forward and backward (see ``chunk_plan.py`` for how varlen sequences
+share that loop).
 
 Per chunk of C tokens (gamma = in-chunk cumsum of g, Gamma_ij = exp(gamma_i - gamma_j) for j <= i,
 state S0 entering the chunk, q already scaled)::
@@ -20,7 +20,8 @@ state S0 entering the chunk, q already scaled)::
 
 Only non-positive exponents appear, so nothing overflows for g <= 0. All maths runs in fp32 (fp64
 for fp64 inputs). When gradients are needed, the state entering every chunk is kept for the backward
-pass (N_chunks x H x K x V floats, 400 MB for the Zebra layer at T = 8k). ``chunk_prefill.py`` runs the
+pass (N_chunks x H x K x V floats, 400 MB for the Zebra layer at T = 8k), with the chunked inputs; the
+backward recomputes every other in-chunk quantity from them. ``chunk_prefill.py`` runs the
 same forward for serving prefills, with the pieces below (:func:`chunk_decays`, :func:`wy_inverse`,
 :func:`chunk_recurrence`).
 """
@@ -98,7 +99,30 @@ def chunk_recurrence(
     return products
 
 
+def _chunk_intermediates(qc, kc, vc, bc, gamma, scale: float) -> dict[str, torch.Tensor]:
+    """The in-chunk quantities of the module docstring, from the chunked inputs and ``gamma``: computed by the
+    forward, and again by the backward (which keeps only the inputs and the entering states, as fla's chunk
+    kernels recompute in backward what they do not save), by the same operations, so to the same values."""
+    exp_gamma, exp_last, exp_tail, decay = chunk_decays(gamma)
+    kk = _bmm(kc, kc.mT)
+    inv = wy_inverse(kk, decay, bc)
+    qw = torch.cat([qc * (scale * exp_gamma)[..., None], _bmm(inv, kc * (bc * exp_gamma)[..., None])], dim=2)
+    u = _bmm(inv, vc * bc[..., None])
+    qk = _bmm(qc, kc.mT).mul_(scale)
+    intra = qk * decay
+    kd = kc * exp_tail[..., None]
+    return {
+        "exp_gamma": exp_gamma, "exp_last": exp_last, "exp_tail": exp_tail, "decay": decay, "kk": kk, "inv": inv,
+        "qw": qw, "u": u, "qk": qk, "intra": intra, "kd": kd,
+    }  # fmt: skip
+
+
 class _ChunkGatedDeltaRuleFunction(torch.autograd.Function):
+    """Saves the chunked inputs and the state entering each chunk (``4 + 2 + 1`` floats per token and head
+    for K = V, plus ``K x V`` per chunk and head); the backward recomputes the rest
+    (:func:`_chunk_intermediates`, and Vn = U - W S0 from the saved states in one batched GEMM), instead of
+    keeping the ~12 chunk-sized intermediates of every GDN layer alive from forward to backward."""
+
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, scale: float, plan: ChunkPlan, keep: bool):
         size = plan.chunk_size
@@ -106,14 +130,7 @@ class _ChunkGatedDeltaRuleFunction(torch.autograd.Function):
             qc, kc, vc = plan.to_chunks(q), plan.to_chunks(k), plan.to_chunks(v)
             bc = plan.to_chunks(beta[..., None])[..., 0]
             gamma = plan.to_chunks(g[..., None])[..., 0].cumsum(-1)
-            exp_gamma, exp_last, exp_tail, decay = chunk_decays(gamma)
-            kk = _bmm(kc, kc.mT)
-            inv = wy_inverse(kk, decay, bc)
-            qw = torch.cat([qc * (scale * exp_gamma)[..., None], _bmm(inv, kc * (bc * exp_gamma)[..., None])], dim=2)
-            u = _bmm(inv, vc * bc[..., None])
-            qk = _bmm(qc, kc.mT).mul_(scale)
-            intra = qk * decay
-            kd = kc * exp_tail[..., None]
+            parts = _chunk_intermediates(qc, kc, vc, bc, gamma, scale)
 
             if initial_state is None:
                 state = q.new_zeros(len(plan.order), q.shape[1], k.shape[-1], v.shape[-1])
@@ -121,30 +138,35 @@ class _ChunkGatedDeltaRuleFunction(torch.autograd.Function):
                 state = initial_state[plan.order]  # a gathered copy, advanced in place below
             # The state entering every chunk is kept only when a backward pass will need it (``keep``).
             states = q.new_empty(plan.num_chunks, *state.shape[1:]) if keep else None
-            products = chunk_recurrence(qw, u, kd.mT, exp_last, state, plan, states)
-            vn = products[:, :, size:]
-            o = _bmm(intra, vn).add_(products[:, :, :size])
+            products = chunk_recurrence(
+                parts["qw"], parts["u"], parts["kd"].mT, parts["exp_last"], state, plan, states
+            )
+            o = _bmm(parts["intra"], products[:, :, size:]).add_(products[:, :, :size])
+            del parts, products
             if plan.in_order:
                 final = state
             else:
                 final = torch.empty_like(state)
                 final[plan.order] = state
 
-        ctx.save_for_backward(
-            qc, kc, vc, bc, exp_gamma, exp_last, exp_tail, decay, kk, qk, intra, inv, qw, kd, vn, states
-        )
+        if keep:
+            ctx.save_for_backward(qc, kc, vc, bc, gamma, states)
         ctx.scale, ctx.plan, ctx.has_initial_state = scale, plan, initial_state is not None
         return plan.from_chunks(o), final
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_o, grad_final):
-        qc, kc, vc, bc, exp_gamma, exp_last, exp_tail, decay, kk, qk, intra, inv, qw, kd, vn, states = (
-            ctx.saved_tensors
-        )
+        qc, kc, vc, bc, gamma, states = ctx.saved_tensors
         plan: ChunkPlan = ctx.plan
         size, scale = plan.chunk_size, ctx.scale
         with torch.autocast(qc.device.type, enabled=False):
+            parts = _chunk_intermediates(qc, kc, vc, bc, gamma, scale)
+            exp_gamma, exp_last, exp_tail, decay = (parts[n] for n in ("exp_gamma", "exp_last", "exp_tail", "decay"))
+            kk, qk, intra, inv, qw, kd = (parts[n] for n in ("kk", "qk", "intra", "inv", "qw", "kd"))
+            # Vn = U - W S0, as chunk_recurrence computed it chunk by chunk (the same GEMM, in one batch).
+            vn = torch.sub(parts["u"], _bmm(qw[:, :, size:], states.to(qw.dtype)))
+            del parts
             # Rows [:C] hold dO, rows [C:] hold -dVn, matching the row blocks of qw.
             douts = vn.new_empty(*vn.shape[:2], 2 * size, vn.shape[-1])
             do, neg_dvn = douts[:, :, :size], douts[:, :, size:]

@@ -113,7 +113,16 @@ def chunk_gated_delta_rule_prefill_cpp(
     or fp32 inputs on an fp32 state; ``bf16_operands`` for bf16 inputs)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     return cpu_kernels().gated_delta_prefill_in_slots(
-        q[0].contiguous(), k[0].contiguous(), v[0].to(q.dtype).contiguous(), g[0].float().contiguous(),
-        beta[0].float().contiguous(), state, state_indices.long(), cu_seqlens.long(), has_initial_state,
-        scale, use_qk_l2norm_in_kernel, bf16_operands,
-    )[None]  # fmt: skip
+        q[0].contiguous(),
+        k[0].contiguous(),
+        v[0].to(q.dtype).contiguous(),
+        g[0].float().contiguous(),
+        beta[0].float().contiguous(),
+        state,
+        state_indices.long(),
+        cu_seqlens.long(),
+        has_initial_state,
+        scale,
+        use_qk_l2norm_in_kernel,
+        bf16_operands,
+    )[None]

@@ -1,4 +1,4 @@
-"""A C++ decode step for fp32 GDN state slots on CPU (``cpu_step.cpp``, in the package's CPU extension).
+"""A C++ decode step for fp32 or bf16 GDN state slots on CPU (``cpu_step.cpp``, in the package's CPU extension).
 
 Why a kernel of our own: vLLM's CPU GDN kernel refuses Zebra's head sizes (key 256, value 512), and the
 PyTorch step (``in_slots.py::_step_in_place``) is bound by how BLAS runs its two state products: a ``bmm``
@@ -33,6 +33,13 @@ def cpu_step_in_slots(
     kernel (bf16 or fp32 CPU inputs on an fp32 or bf16 state with rows of V contiguous); the kernel normalises
     and scales q and k and takes exp(g) itself."""
     return cpu_kernels().gated_delta_step_in_slots(
-        state, state_indices.to(torch.int64).contiguous(), q.contiguous(), k.contiguous(), v.to(q.dtype).contiguous(),
-        g.float().contiguous(), beta.float().contiguous(), scale, use_qk_l2norm_in_kernel,
-    )  # fmt: skip
+        state,
+        state_indices.to(torch.int64).contiguous(),
+        q.contiguous(),
+        k.contiguous(),
+        v.to(q.dtype).contiguous(),
+        g.float().contiguous(),
+        beta.float().contiguous(),
+        scale,
+        use_qk_l2norm_in_kernel,
+    )

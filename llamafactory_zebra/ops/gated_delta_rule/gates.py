@@ -5,9 +5,9 @@ Per token and head (fla's ``GatedDeltaNet`` parametrisation)::
     beta = sigmoid(b)                                   write strength, in (0, 1)
     g    = -exp(A_log) * softplus(a + dt_bias)          log-decay, <= 0
 
-Why not fla's (``fla.ops.gated_delta_rule.gate``, fla 0.6): the module imports Triton at import time
-and its PyTorch reference ``naive_gdn_gate`` computes in fp32 only; this package imports fla solely for
-GPU tensors (the kernel registry), and the fp64 reference runs need the gates in fp64. The few elementwise ops on ``[T, H]`` are not worth a
+Why not fla's (``fla.ops.gated_delta_rule.gate``, fla 0.6): the module imports Triton at import time and its PyTorch
+reference ``naive_gdn_gate`` computes in fp32 only; this package imports fla solely for GPU tensors (the kernel
+registry), and the fp64 reference runs need the gates in fp64. The few elementwise ops on ``[T, H]`` are not worth a
 kernel next to the recurrence they feed.
 """
 

@@ -7,17 +7,16 @@ never cares where it runs:
 - :func:`fused_recurrent_gated_delta_rule_in_slots`: one decode token per sequence;
 - :func:`chunk_gated_delta_rule_in_slots`: whole prompt chunks, one ``cu_seqlens`` segment per sequence.
 
-fla 0.6's GDN kernels take states by batch row only (its state-index form exists for KDA, not for the
-gated delta rule), so on a GPU the indexed slots are gathered, run through fla's kernel and written
-back: the contract the package's dispatch already relies on. On a CPU the decode step advances each
-slot in place instead: gathering costs several full copies of every state per token (Zebra's GDN
-state is 6 heads x 256 x 512 in fp32, 3 MB a sequence), each a fresh allocation, and vLLM's own CPU
-kernel for this step refuses Zebra's head sizes. bf16 or fp32 inputs on an fp32 or bf16 state with rows
-of V contiguous (vLLM's SSM cache as the serving layer views it) are stepped by the C++ kernel of
-``cpu_step.py``, which normalises q and k itself, reads each head's state once for both products and
-updates it while it is still in cache; elsewhere (fp64, another layout, no compiler,
-``ZEBRA_CPU_KERNELS=torch``) :func:`_step_in_place` does the same in PyTorch, one sequence at a time. What each buys is measured by ``benchmarks/bench_vllm_gdn_cpu.py``
-(``docs/benchmarks.md``, serving).
+fla 0.6's GDN kernels take states by batch row only (its state-index form exists for KDA, not for the gated delta
+rule), so on a GPU the indexed slots are gathered, run through fla's kernel and written back: the contract the
+package's dispatch already relies on. On a CPU the decode step advances each slot in place instead: gathering costs
+several full copies of every state per token (Zebra's GDN state is 6 heads x 256 x 512 in fp32, 3 MB a sequence), each
+a fresh allocation, and vLLM's own CPU kernel for this step refuses Zebra's head sizes. bf16 or fp32 inputs on an fp32
+or bf16 state with rows of V contiguous (vLLM's SSM cache as the serving layer views it) are stepped by the C++ kernel
+of ``cpu_step.py``, which normalises q and k itself, reads each head's state once for both products and updates it
+while it is still in cache; elsewhere (fp64, another layout, no compiler, ``ZEBRA_CPU_KERNELS=torch``)
+:func:`_step_in_place` does the same in PyTorch, one sequence at a time. What each buys is measured by
+``benchmarks/bench_vllm_gdn_cpu.py`` (``docs/benchmarks.md``, serving).
 
 Per head, with ``S`` the ``[K, V]`` state, q and k already normalised and q scaled::
 
@@ -113,10 +112,16 @@ def fused_recurrent_gated_delta_rule_in_slots(
 def _step_fla(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm_in_kernel) -> torch.Tensor:
     """fla's kernel on the gathered slots, the final states written back (fla 0.6 takes no state indices)."""
     o, final = fla_function((_FLA_GDN,), "fused_recurrent_gated_delta_rule")(
-        q=q[:, None], k=k[:, None], v=v[:, None], g=g[:, None], beta=beta[:, None], scale=scale,
-        initial_state=state[state_indices].to(compute_dtype(q.dtype)), output_final_state=True,
+        q=q[:, None],
+        k=k[:, None],
+        v=v[:, None],
+        g=g[:, None],
+        beta=beta[:, None],
+        scale=scale,
+        initial_state=state[state_indices].to(compute_dtype(q.dtype)),
+        output_final_state=True,
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-    )  # fmt: skip
+    )
     state[state_indices] = final.to(state.dtype)
     return o[:, 0]
 
@@ -208,9 +213,17 @@ def _prefill_fla(
     else:
         initial_state = None  # every sequence's first chunk (the usual prefill): no slot to read
     o, final = fla_function((_FLA_GDN,), "chunk_gated_delta_rule")(
-        q=q, k=k, v=v, g=g, beta=beta, scale=scale, initial_state=initial_state, output_final_state=True,
-        cu_seqlens=cu_seqlens.to(torch.int64), use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-    )  # fmt: skip
+        q=q,
+        k=k,
+        v=v,
+        g=g,
+        beta=beta,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=True,
+        cu_seqlens=cu_seqlens.to(torch.int64),
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+    )
     state[state_indices] = final.to(state.dtype)
     return o
 

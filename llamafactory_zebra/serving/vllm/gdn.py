@@ -122,9 +122,12 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
                 pass  # warned once; each op passes its C++ entry over on its first call
 
         self.qkvg_proj = MergedColumnParallelLinear(
-            self.hidden_size, [self.key_dim, self.key_dim, self.value_dim, self.value_dim], bias=False,
-            quant_config=self.quant_config, prefix=f"{prefix}.qkvg_proj",
-        )  # fmt: skip
+            self.hidden_size,
+            [self.key_dim, self.key_dim, self.value_dim, self.value_dim],
+            bias=False,
+            quant_config=self.quant_config,
+            prefix=f"{prefix}.qkvg_proj",
+        )
         self.a_proj = ReplicatedLinear(self.hidden_size, self.num_heads, bias=False, prefix=f"{prefix}.a_proj")
         self.b_proj = ReplicatedLinear(self.hidden_size, self.num_heads, bias=False, prefix=f"{prefix}.b_proj")
         self.A_log = nn.Parameter(torch.empty(self.num_heads))
@@ -156,8 +159,9 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         mixed, gate = qkvg.split([2 * self.key_dim + self.value_dim, self.value_dim], dim=-1)
         a, _ = self.a_proj(hidden_states)
         b, _ = self.b_proj(hidden_states)
-        core = torch.zeros(num_tokens, self.num_heads, self.head_v_dim, dtype=hidden_states.dtype,
-                           device=hidden_states.device)  # fmt: skip
+        core = torch.zeros(
+            num_tokens, self.num_heads, self.head_v_dim, dtype=hidden_states.dtype, device=hidden_states.device
+        )
         # Standard strides even for one token (``contiguous()`` keeps a 1-row view's row stride), which
         # vLLM's C++ conv checks.
         mixed = mixed.clone(memory_format=torch.contiguous_format)
@@ -254,24 +258,38 @@ def conv_in_slots_call(dtype: torch.dtype, width: int) -> Call:
     conv-state layout on its CPU platform on a CPU with bf16 dot products, and ``conv-op``, this project's conv
     op, which dispatches to fla on a GPU. Fixed per layer, so it is built once, with the layer."""
     return Call.on(
-        current_platform.device_type, dtype, width=width, conv_state_dim_first=is_conv_state_dim_first(),
+        current_platform.device_type,
+        dtype,
+        width=width,
+        conv_state_dim_first=is_conv_state_dim_first(),
         vllm_cpu_platform=current_platform.is_cpu(),
-    )  # fmt: skip
+    )
 
 
 def _vllm_conv_step(mixed, weight, conv_cache, slots) -> torch.Tensor:
     return vllm_ops.causal_conv1d_update_cpu(
-        x=mixed, conv_states=conv_cache, weight=weight, bias=None, silu_activation=True,
-        conv_state_indices=slots.to(torch.int32), is_weight_packed=False,
-    )  # fmt: skip
+        x=mixed,
+        conv_states=conv_cache,
+        weight=weight,
+        bias=None,
+        silu_activation=True,
+        conv_state_indices=slots.to(torch.int32),
+        is_weight_packed=False,
+    )
 
 
 def _vllm_conv_prefill(mixed, weight, conv_cache, slots, starts, initial) -> torch.Tensor:
     return vllm_ops.causal_conv1d_fwd_cpu(
-        x=mixed.transpose(0, 1), weight=weight, bias=None, conv_states=conv_cache,
-        query_start_loc=starts.to(torch.int32), cache_indices=slots.to(torch.int32),
-        has_initial_state=initial, silu_activation=True, is_weight_packed=False,
-    ).transpose(0, 1)[None]  # fmt: skip
+        x=mixed.transpose(0, 1),
+        weight=weight,
+        bias=None,
+        conv_states=conv_cache,
+        query_start_loc=starts.to(torch.int32),
+        cache_indices=slots.to(torch.int32),
+        has_initial_state=initial,
+        silu_activation=True,
+        is_weight_packed=False,
+    ).transpose(0, 1)[None]
 
 
 def _conv_op_prefill(mixed, weight, conv_cache, slots, starts, initial) -> torch.Tensor:

@@ -80,9 +80,12 @@ class ZebraMLAAttention(nn.Module):
 
         if self.q_lora_rank is None:
             self.q_proj = ColumnParallelLinear(
-                config.hidden_size, self.num_heads * self.qk_head_dim, bias=bias, quant_config=quant_config,
+                config.hidden_size,
+                self.num_heads * self.qk_head_dim,
+                bias=bias,
+                quant_config=quant_config,
                 prefix=f"{prefix}.q_proj",
-            )  # fmt: skip
+            )
         else:
             self.q_a_proj = ReplicatedLinear(
                 config.hidden_size, self.q_lora_rank, bias=bias, quant_config=quant_config, prefix=f"{prefix}.q_a_proj"
@@ -90,23 +93,35 @@ class ZebraMLAAttention(nn.Module):
             if self.mla_norm == MLA_NORM_LORA:
                 self.q_a_layernorm = RMSNorm(self.q_lora_rank, eps=eps)
             self.q_b_proj = ColumnParallelLinear(
-                self.q_lora_rank, self.num_heads * self.qk_head_dim, bias=False, quant_config=quant_config,
+                self.q_lora_rank,
+                self.num_heads * self.qk_head_dim,
+                bias=False,
+                quant_config=quant_config,
                 prefix=f"{prefix}.q_b_proj",
-            )  # fmt: skip
+            )
         self.kv_a_proj_with_mqa = ReplicatedLinear(
-            config.hidden_size, self.kv_lora_rank + self.rope_dim, bias=bias, quant_config=quant_config,
+            config.hidden_size,
+            self.kv_lora_rank + self.rope_dim,
+            bias=bias,
+            quant_config=quant_config,
             prefix=f"{prefix}.kv_a_proj_with_mqa",
-        )  # fmt: skip
+        )
         if self.mla_norm == MLA_NORM_LORA:
             self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps=eps)
         self.kv_b_proj = ColumnParallelLinear(
-            self.kv_lora_rank, self.num_kv_heads * (self.nope + self.v_head_dim), bias=False,
-            quant_config=quant_config, prefix=f"{prefix}.kv_b_proj",
-        )  # fmt: skip
+            self.kv_lora_rank,
+            self.num_kv_heads * (self.nope + self.v_head_dim),
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.kv_b_proj",
+        )
         self.out_proj = RowParallelLinear(
-            self.num_heads * self.v_head_dim, config.hidden_size, bias=bias, quant_config=quant_config,
+            self.num_heads * self.v_head_dim,
+            config.hidden_size,
+            bias=bias,
+            quant_config=quant_config,
             prefix=f"{prefix}.out_proj",
-        )  # fmt: skip
+        )
         if self.mla_norm == MLA_NORM_QK_HEAD:
             self.q_norm = RMSNorm(self.qk_head_dim, eps=eps)
             self.k_norm = RMSNorm(self.qk_head_dim, eps=eps)

@@ -245,8 +245,9 @@ class ZebraForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsLoRA):
             entry = expected.get(name)
             if entry is None:
                 raise ValueError(
-                    f"checkpoint weight {name!r} is not part of this Zebra model (layer plan {self.config.layer_types}, "
-                    f"mla_norm {self.config.mla_norm!r}, q_lora_rank {self.config.q_lora_rank}); "
+                    f"checkpoint weight {name!r} is not part of this Zebra model "
+                    f"(layer plan {self.config.layer_types}, mla_norm {self.config.mla_norm!r}, "
+                    f"q_lora_rank {self.config.q_lora_rank}); "
                     "the checkpoint does not match its config.json"
                 )
             if tuple(tensor.shape) != entry.shape:

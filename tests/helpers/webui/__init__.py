@@ -1,1 +1,2 @@
-"""Helpers for tests/integration/test_webui_e2e.py: the LlamaBoard server, headless Chromium and a Gradio page driver."""
+"""Helpers for tests/integration/test_webui_e2e.py: the LlamaBoard server, headless Chromium and a Gradio page
+driver."""
