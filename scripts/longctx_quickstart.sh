@@ -21,8 +21,8 @@ fi
 source "$VENV/bin/activate"
 
 OUT=saves/longctx                  # the YAMLs in examples/longctx/ read and write here
-SHORT_ROWS=${SHORT_ROWS:-20000}
-SHORT_LENGTHS=${SHORT_LENGTHS:-100-400}
+SHORT_ROWS=${SHORT_ROWS:-30000}
+SHORT_LENGTHS=${SHORT_LENGTHS:-100-300}
 LONG_ROWS=${LONG_ROWS:-250}
 LONG_LENGTHS=${LONG_LENGTHS:-1024-8192}
 EVAL_LENGTHS=${EVAL_LENGTHS:-1k,2k,4k,8k,16k}
@@ -35,7 +35,7 @@ started=$(date +%s)
 
 llamafactory-zebra init tiny-16k "$OUT/zebra-init" --overwrite
 llamafactory-zebra data passkey-sft --model "$OUT/zebra-init" --output-dir "$OUT/data" \
-  --name passkey_short --rows "$SHORT_ROWS" --lengths "$SHORT_LENGTHS" --instruction-share 0.5 --seed 1
+  --name passkey_short --rows "$SHORT_ROWS" --lengths "$SHORT_LENGTHS" --instruction-share 0.3 --seed 1
 llamafactory-zebra data passkey-sft --model "$OUT/zebra-init" --output-dir "$OUT/data" \
   --name passkey_long --rows "$LONG_ROWS" --lengths "$LONG_LENGTHS" --seed 2
 
