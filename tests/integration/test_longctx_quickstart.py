@@ -29,6 +29,8 @@ def test_miniature_runs_init_data_eval_train_eval_and_prints_the_table(tmp_path)
         "OMP_NUM_THREADS": "1",
         "SHORT_ROWS": "6",
         "SHORT_LENGTHS": "150-512",
+        "MID_ROWS": "2",
+        "MID_LENGTHS": "300-500",
         "LONG_ROWS": "2",
         "LONG_LENGTHS": "600-1000",
         "EVAL_LENGTHS": "1k",
