@@ -19,7 +19,6 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"
-llamafactory-zebra build-kernels || echo "warning: no C++ CPU kernels; inference runs their slower PyTorch paths" >&2
 
 OUT=saves/longctx                  # the YAMLs in examples/longctx/ read and write here
 SHORT_ROWS=${SHORT_ROWS:-30000}
