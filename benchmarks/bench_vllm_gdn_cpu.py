@@ -1,7 +1,7 @@
 """The vLLM Zebra GDN layer's CPU pieces against what they replaced, at Zebra's GDN shapes, in one run.
 
 1. Decode step, batch N: ``ops.fused_recurrent_gated_delta_rule_in_slots`` (each fp32 SSM slot stepped in
-   place) with its C++ step (``ops/gated_delta_rule/cpu_step.py``, the default where it builds) and with
+   place) with its C++ step (``ops/cpu/cpu_step.py``, the default where it builds) and with
    its PyTorch step (``ZEBRA_CPU_KERNELS=torch``), against the gather → ``fused_recurrent_gated_delta_rule_torch``
    → scatter path the layer used before, on a cache of N + 16 slots with the requests in random slots.
 2. Prefill conv over 4096 tokens (16 requests of 256): vLLM's C++ ``causal_conv1d_fwd_cpu`` (bf16, on the
@@ -38,10 +38,8 @@ from llamafactory_zebra.ops import (
     fused_recurrent_gated_delta_rule_torch,
     gated_rms_norm,
 )
-from llamafactory_zebra.ops.gated_delta_rule.chunk_prefill import (
-    chunk_gated_delta_rule_prefill,
-    chunk_gated_delta_rule_prefill_cpp,
-)
+from llamafactory_zebra.ops.cpu import cpu_prefill_in_slots
+from llamafactory_zebra.ops.gated_delta_rule.chunk_prefill import chunk_gated_delta_rule_prefill
 
 HEADS, KEY, VALUE, WIDTH = 6, 256, 512, 4  # the released GDN layer: 6 heads, key 256, value 512, conv 4
 
@@ -167,7 +165,7 @@ def chunk_row(requests: int, tokens: int, repeats: int) -> str:
     def run(path: str, bf16_operands: bool, inputs=(q, k, v, g, beta)):
         cache = torch.zeros(requests, HEADS, VALUE, KEY).transpose(-1, -2)  # vLLM's [slots, H, V, K]
         if path == "cpp":
-            return chunk_gated_delta_rule_prefill_cpp(
+            return cpu_prefill_in_slots(
                 *inputs, cache, slots, starts, fresh, use_qk_l2norm_in_kernel=True, bf16_operands=bf16_operands
             )
         return chunk_gated_delta_rule_prefill(

@@ -13,6 +13,9 @@ fi
 source "$VENV/bin/activate"
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet -e .
+# The C++ CPU kernels (CPU inference speed) are compiled once per install, a few minutes: here, as a step of
+# its own, rather than inside the chat below. A machine that cannot build them runs their PyTorch paths.
+llamafactory-zebra build-kernels || echo "warning: no C++ CPU kernels; inference runs their slower PyTorch paths" >&2
 
 llamafactory-zebra init tiny saves/zebra-tiny --overwrite
 llamafactory-cli train examples/quickstart_cpu.yaml

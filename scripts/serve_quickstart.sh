@@ -12,6 +12,8 @@ if [ ! -f "$MODEL/config.json" ]; then
   exit 1
 fi
 bash scripts/vllm_env.sh
+# The C++ CPU kernels for the vLLM venv's torch (once per install, a few minutes), before the server starts.
+.venv-vllm/bin/llamafactory-zebra build-kernels || echo "warning: no C++ CPU kernels; serving runs their slower PyTorch paths" >&2
 
 # Loopback only; a small CPU cache (GiB) is plenty for the tiny model. --dtype float32: the model was
 # trained in fp32 (examples/quickstart_cpu.yaml), and vLLM's "auto" would serve an fp32 checkpoint in bf16

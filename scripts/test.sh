@@ -29,6 +29,9 @@ python -m pip install --quiet -e ".[test]"
 
 ruff check .
 ruff format --check .
+# The C++ CPU kernels, once per install (a few minutes), as a step of its own: the tests expect them to build
+# on this machine and would otherwise build them inside the first test that runs a kernel.
+llamafactory-zebra build-kernels
 # Tiny models: one intra-op thread per process is fastest, and the multi-process tests (torchrun workers
 # beside pytest) would otherwise oversubscribe the cores. Set OMP_NUM_THREADS to override.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

@@ -36,6 +36,10 @@ SUBCOMMANDS = {
         "check by perplexity that a downloaded checkpoint runs with the right MLA convention",
     ),
     "doctor": Subcommand("llamafactory_zebra.cli.doctor_cmd", "check the GPU/ROCm/CUDA software environment"),
+    "build-kernels": Subcommand(
+        "llamafactory_zebra.cli.build_kernels_cmd",
+        "build the C++ CPU kernels now (once per install, a few minutes) instead of in the first inference",
+    ),
     "plan": Subcommand("llamafactory_zebra.cli.plan_cmd", "estimate per-GPU memory of a training YAML"),
     "eval-long": Subcommand(
         "llamafactory_zebra.cli.eval_long_cmd", "RULER-style long-context scores of a model from its inference YAML"

@@ -9,7 +9,7 @@ import ``layers/``; layers call these functions. Packed-sample borders (``cu_seq
 
 from ..kernels import BACKEND_ENV_VAR
 from .causal_conv1d import causal_conv1d, causal_conv1d_in_slots, causal_conv1d_update, causal_conv1d_update_in_slots
-from .cpu_extension import cpu_kernels
+from .cpu import cpu_kernels
 from .gated_delta_rule import (
     chunk_gated_delta_rule,
     chunk_gated_delta_rule_in_slots,

@@ -3,7 +3,7 @@
 The formula is fla's ``FusedRMSNormGated`` (statistics in at least fp32; fp64 stays fp64, so the fp64
 reference tests stay exact); the training layer (``layers/norms.py``) and the vLLM layer ask this one op.
 On a CPU, inference calls (no gradient) in bf16 or fp32 run one C++ pass per row
-(``gated_rms_norm.cpp`` in the package's CPU extension, ``cpu_extension.py``): written in PyTorch the
+(``gated_rms_norm.cpp`` among the package's C++ CPU kernels, ``ops/cpu/``): written in PyTorch the
 formula is about ten passes over the ``[tokens, heads, value dim]`` activations, and vLLM's own
 ``RMSNormGated`` runs exactly those passes on a CPU unless ``torch.compile`` fuses them (its eager mode,
 ``enforce_eager``). Its speed: ``benchmarks/bench_vllm_gdn_cpu.py``, ``docs/benchmarks.md``.
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..kernel_names import Key
 from ..kernels import GATED_NORM, Call, run
-from .cpu_extension import cpu_kernels
+from .cpu import cpu_gated_rms_norm
 from .recompute import recomputed
 
 
@@ -26,10 +26,6 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     grad = torch.is_grad_enabled() and (x.requires_grad or gate.requires_grad or weight.requires_grad)
     call = Call.of(x, grad=grad, same_gate=gate.dtype == x.dtype and gate.shape == x.shape)
     return run(GATED_NORM, call, IMPLEMENTATIONS, x, gate, weight, eps)
-
-
-def gated_rms_norm_cpp(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return cpu_kernels().gated_rms_norm(x.contiguous(), gate.contiguous(), weight.float().contiguous(), eps)
 
 
 def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -48,4 +44,4 @@ def _gated_rms_norm_formula(x: torch.Tensor, gate: torch.Tensor, weight: torch.T
 
 
 # The registry's keys → the functions (a test checks they name exactly its entries).
-IMPLEMENTATIONS = {Key.CPP: gated_rms_norm_cpp, Key.TORCH: gated_rms_norm_reference}
+IMPLEMENTATIONS = {Key.CPP: cpu_gated_rms_norm, Key.TORCH: gated_rms_norm_reference}

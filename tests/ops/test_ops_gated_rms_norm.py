@@ -11,8 +11,9 @@ from llamafactory_zebra.kernels.switches import CPU_KERNELS_ENV_VAR
 from llamafactory_zebra.ops import gated_rms_norm
 from llamafactory_zebra.ops.gated_rms_norm import gated_rms_norm_reference
 
-# The module (``ops.gated_rms_norm`` is its function of that name).
+# The modules (``ops.gated_rms_norm`` is its function of that name): the op's, and its C++ kernel's wrapper.
 gated_rms_norm_module = importlib.import_module("llamafactory_zebra.ops.gated_rms_norm")
+kernel_wrapper_module = importlib.import_module("llamafactory_zebra.ops.cpu.gated_rms_norm")
 
 
 def inputs(shape, dtype, seed=0):
@@ -58,14 +59,14 @@ def test_the_cpu_kernel_equals_the_formula(shape, dtype, threads):
 @pytest.fixture
 def kernel_calls(monkeypatch):
     calls = []
-    real = gated_rms_norm_module.cpu_kernels
+    real = kernel_wrapper_module.cpu_kernels
 
     def counting():
         kernel = real()
         calls.append(kernel is not None)
         return kernel
 
-    monkeypatch.setattr(gated_rms_norm_module, "cpu_kernels", counting)
+    monkeypatch.setattr(kernel_wrapper_module, "cpu_kernels", counting)
     return calls
 
 

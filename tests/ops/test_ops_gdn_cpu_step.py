@@ -1,6 +1,6 @@
-"""The C++ GDN decode step on CPU state slots (``ops/gated_delta_rule/cpu_step.py``) against the fp64
-token-by-token reference, the op's choice between it and the PyTorch step, and the build of the package's
-CPU extension (``ops/cpu_extension.py``) that holds it."""
+"""The C++ GDN decode step on CPU state slots (``ops/cpu/cpu_step.py``) against the fp64 token-by-token
+reference, the op's choice between it and the PyTorch step, and the build of the package's C++ CPU kernels
+(``ops/cpu/build.py``) that holds it."""
 
 import logging
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import llamafactory_zebra.ops.cpu_extension as cpu_extension_module
+import llamafactory_zebra.ops.cpu.build as cpu_build
 from llamafactory_zebra.kernels import GDN_DECODE_STEP, Call, KernelLoadError, registry, select
 from llamafactory_zebra.kernels.switches import CPU_KERNELS_ENV_VAR
 from llamafactory_zebra.ops import (
@@ -43,9 +43,9 @@ def test_the_extension_builds_on_this_machine():
 
 
 def test_two_installs_of_the_sources_build_under_two_names(monkeypatch):
-    here = cpu_extension_module._build_name()
-    monkeypatch.setattr(cpu_extension_module, "HERE", cpu_extension_module.HERE.parent / "elsewhere")
-    assert cpu_extension_module._build_name() != here
+    here = cpu_build._build_name()
+    monkeypatch.setattr(cpu_build, "HERE", cpu_build.HERE.parent / "elsewhere")
+    assert cpu_build._build_name() != here
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -150,7 +150,7 @@ def test_a_failed_build_keeps_the_pytorch_step_with_a_warning(monkeypatch, caplo
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
     monkeypatch.setattr(registry, "_unusable", {})  # the registry forgets the failure after the test
-    cpu_extension_module._build.cache_clear()
+    cpu_build._build.cache_clear()
     registry._select.cache_clear()
     try:
         with caplog.at_level(logging.WARNING), pytest.raises(KernelLoadError, match="did not build"):
@@ -167,7 +167,7 @@ def test_a_failed_build_keeps_the_pytorch_step_with_a_warning(monkeypatch, caplo
             == "torch"
         )
     finally:
-        cpu_extension_module._build.cache_clear()  # the next test loads the real build again (cached on disk)
+        cpu_build._build.cache_clear()  # the next test loads the real build again (cached on disk)
         registry._select.cache_clear()
     message = caplog.text
     assert "could not build the C++ CPU kernels (RuntimeError: Error building extension: c++: not found)" in message

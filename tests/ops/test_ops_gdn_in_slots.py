@@ -13,11 +13,9 @@ from llamafactory_zebra.ops import (
     fused_recurrent_gated_delta_rule_in_slots,
     naive_recurrent_gated_delta_rule,
 )
+from llamafactory_zebra.ops.cpu import cpu_prefill_in_slots
 from llamafactory_zebra.ops.gated_delta_rule import in_slots
-from llamafactory_zebra.ops.gated_delta_rule.chunk_prefill import (
-    chunk_gated_delta_rule_prefill,
-    chunk_gated_delta_rule_prefill_cpp,
-)
+from llamafactory_zebra.ops.gated_delta_rule.chunk_prefill import chunk_gated_delta_rule_prefill
 
 
 def step_inputs(seqs, heads, key_dim, value_dim, seed=0):
@@ -218,7 +216,7 @@ def test_prefill_cpu_kernel_agrees_with_its_pytorch_path(lengths, heads, key_dim
         for dtype, bf16_operands in ((torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)):
             arguments = (slots, cu_seqlens, has_initial_state)
             kernel_cache, torch_cache = storage.clone(), storage.clone()
-            o_kernel = chunk_gated_delta_rule_prefill_cpp(
+            o_kernel = cpu_prefill_in_slots(
                 *(t.to(dtype) for t in inputs), kernel_cache, *arguments, use_qk_l2norm_in_kernel=True,
                 bf16_operands=bf16_operands,
             )  # fmt: skip

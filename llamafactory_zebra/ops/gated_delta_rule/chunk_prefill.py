@@ -10,8 +10,8 @@ have no bf16-in/fp32-out form, so each bf16 product is rounded to bf16 once more
 accumulator in fp32). With ``matmul_dtype`` left at the compute dtype it is the exact path, ``chunk.py``'s
 forward. The algebra and its notation are ``chunk.py``'s, whose pieces it calls.
 
-On a CPU, bf16 and fp32 inputs on an fp32 state run ``cpu_prefill.cpp`` (in the package's CPU extension,
-``ops/cpu_extension.py``): the same algebra one (sequence, head) at a time, its four GEMMs per chunk through
+On a CPU, bf16 and fp32 inputs on an fp32 state run ``cpu_prefill.cpp`` (the package's C++ CPU kernels,
+``ops/cpu/``): the same algebra one (sequence, head) at a time, its four GEMMs per chunk through
 ATen and everything between them fused into loops over one chunk of one head, which stay in cache. Written
 in PyTorch the op makes a dozen passes over every chunk and allocates as many prompt-sized temporaries per
 call. The PyTorch code below is the reference it is tested against and the path everywhere else (fp64, a
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import torch
 
-from ..cpu_extension import cpu_kernels
 from ..segments import segment_bounds
 from .checks import compute_dtype, l2norm
 from .chunk import CHUNK_SIZE, _bmm, chunk_decays, chunk_recurrence, wy_inverse
@@ -92,37 +91,3 @@ def chunk_gated_delta_rule_prefill(
     o = _bmm(intra, products[:, :, size:]).add_(products[:, :, :size])
     state[slots] = current.to(state.dtype)
     return plan.from_chunks(o)[None].to(q.dtype)
-
-
-def chunk_gated_delta_rule_prefill_cpp(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-    state_indices: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    has_initial_state: torch.Tensor,
-    scale: float | None = None,
-    *,
-    use_qk_l2norm_in_kernel: bool = False,
-    bf16_operands: bool = False,
-) -> torch.Tensor:
-    """:func:`chunk_gated_delta_rule_prefill` through ``cpu_prefill.cpp``, where the registry chose it (CPU bf16
-    or fp32 inputs on an fp32 state; ``bf16_operands`` for bf16 inputs)."""
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return cpu_kernels().gated_delta_prefill_in_slots(
-        q[0].contiguous(),
-        k[0].contiguous(),
-        v[0].to(q.dtype).contiguous(),
-        g[0].float().contiguous(),
-        beta[0].float().contiguous(),
-        state,
-        state_indices.long(),
-        cu_seqlens.long(),
-        has_initial_state,
-        scale,
-        use_qk_l2norm_in_kernel,
-        bf16_operands,
-    )[None]

@@ -43,9 +43,9 @@ import torch
 from ...kernel_names import Key
 from ...kernels import GDN_DECODE_STEP, GDN_PREFILL_IN_SLOTS, Call, run
 from ..backend import fla_function
+from ..cpu import cpu_prefill_in_slots, cpu_step_in_slots
 from .checks import check_gdn_inputs, compute_dtype, l2norm
-from .chunk_prefill import chunk_gated_delta_rule_prefill, chunk_gated_delta_rule_prefill_cpp
-from .cpu_step import cpu_step_in_slots
+from .chunk_prefill import chunk_gated_delta_rule_prefill
 from .dispatch import _FLA_GDN
 
 
@@ -236,8 +236,8 @@ def _with(function: Callable, **options) -> Callable:
 STEP_IMPLEMENTATIONS: dict[str, Callable] = {Key.FLA: _step_fla, Key.CPP: cpu_step_in_slots, Key.TORCH: _step_torch}
 PREFILL_IMPLEMENTATIONS: dict[str, Callable] = {
     Key.FLA: _prefill_fla,
-    Key.CPP_BF16_GEMM: _with(chunk_gated_delta_rule_prefill_cpp, bf16_operands=True),
-    Key.CPP: _with(chunk_gated_delta_rule_prefill_cpp, bf16_operands=False),
+    Key.CPP_BF16_GEMM: _with(cpu_prefill_in_slots, bf16_operands=True),
+    Key.CPP: _with(cpu_prefill_in_slots, bf16_operands=False),
     Key.TORCH_BF16_GEMM: _with(chunk_gated_delta_rule_prefill, matmul_dtype=torch.bfloat16),
     Key.TORCH: chunk_gated_delta_rule_prefill,
 }

@@ -1,6 +1,6 @@
 // Prompt chunks of the gated delta rule on state slots, one (sequence, head) at a time: the CPU fast path of
-// ``chunk_prefill.py`` (which says why it exists and holds the PyTorch path it must agree with). Bound in
-// ``ops/cpu_extension.cpp``.
+// ``gated_delta_rule/chunk_prefill.py`` (which says why it exists and holds the PyTorch path it must agree
+// with). Bound in ``bindings.cpp``, wrapped in ``cpu_prefill.py``.
 //
 // Per chunk of C tokens, the algebra of ``chunk.py`` (gamma the in-chunk cumsum of g, D_ij = exp(gamma_i -
 // gamma_j) for j <= i, S the [K, V] state entering the chunk, q scaled):
@@ -19,7 +19,7 @@
 #include <cmath>
 #include <vector>
 
-#include "../cpu_values.h"
+#include "cpu_values.h"
 
 namespace {
 

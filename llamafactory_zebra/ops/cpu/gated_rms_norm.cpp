@@ -1,5 +1,6 @@
-// The gated RMSNorm that closes a GDN layer, one pass per row: the CPU fast path of ``gated_rms_norm.py``
-// (which says why it exists and holds the PyTorch reference it must equal). Bound in ``cpu_extension.cpp``.
+// The gated RMSNorm that closes a GDN layer, one pass per row: the CPU fast path of ``ops/gated_rms_norm.py``
+// (which says why it exists and holds the PyTorch reference it must equal). Bound in ``bindings.cpp``, wrapped
+// in ``gated_rms_norm.py``.
 //
 // Per row of D values, in fp32 whatever the storage dtype:
 //   out = x * rsqrt(mean(x^2) + eps) * weight * gate * sigmoid(gate)

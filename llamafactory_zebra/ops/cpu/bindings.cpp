@@ -1,5 +1,5 @@
-// Python bindings of the package's C++ CPU kernels (``cpu_extension.py`` builds them); each kernel lives in
-// its own file.
+// Python bindings of the package's C++ CPU kernels (``build.py`` builds them); each kernel lives in its own
+// file of this folder, and its Python wrapper in the ``.py`` file of the same name.
 #include <torch/extension.h>
 
 torch::Tensor gated_delta_step_in_slots(torch::Tensor state, torch::Tensor slots, torch::Tensor q,

@@ -1,7 +1,7 @@
 // One decode token of the gated delta rule per sequence, on fp32 or bf16 states that live in slots of one cache
 // tensor, updated in place (computed in fp32, a bf16 state rounded once per step): the CPU fast path of
 // ``fused_recurrent_gated_delta_rule_in_slots`` (``cpu_step.py`` says why it exists; ``in_slots.py::_step_in_place``
-// is the PyTorch reference it must equal). Bound in ``ops/cpu_extension.cpp``.
+// is the PyTorch reference it must equal). Bound in ``bindings.cpp``.
 //
 // Per (sequence, head), with S the [K, V] state (rows of V contiguous); q and k read as they come (bf16 or
 // fp32), L2-normalised when asked, q scaled, decay = exp(g):
@@ -16,7 +16,7 @@
 #include <tuple>
 #include <vector>
 
-#include "../cpu_values.h"
+#include "cpu_values.h"
 
 namespace {
 
