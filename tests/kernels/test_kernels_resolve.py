@@ -233,11 +233,9 @@ def _model_args(path="amd/HyLo-Qwen-7MLA21GDN-64K", flash_attn="auto", liger=Tru
 
 def _training_run(model_args, logger, use_cpu=False):
     """The run object ``training.py`` hands its steps, with only what the kernel step reads."""
-    from llamafactory_zebra.hparams import RunArguments, ZebraArguments
-    from llamafactory_zebra.integration.steps import TrainingRun
+    from training_runs import training_run
 
-    training = types.SimpleNamespace(use_cpu=use_cpu)
-    return TrainingRun(RunArguments(model_args, None, training, None, None, ZebraArguments()), None, "t.yaml", logger)
+    return training_run(model_args, training=types.SimpleNamespace(use_cpu=use_cpu), logger=logger)
 
 
 def test_training_step_raises_with_the_fixes_last_and_logs_the_table_once(monkeypatch):

@@ -79,9 +79,9 @@ def test_each_rank_of_a_rocm_run_gets_its_own_triton_cache(tmp_path):
 
 
 def test_the_training_preflight_sets_the_cache_before_the_model_loads(monkeypatch, tmp_path):
-    from llamafactory_zebra.hparams import RunArguments, ZebraArguments
+    from training_runs import training_run
+
     from llamafactory_zebra.integration import kernel_choice
-    from llamafactory_zebra.integration.steps import TrainingRun
 
     monkeypatch.setenv(FAKE_STACK_ENV_VAR, FAKE_MI300X)
     monkeypatch.setenv("LOCAL_RANK", "1")
@@ -93,8 +93,7 @@ def test_the_training_preflight_sets_the_cache_before_the_model_loads(monkeypatc
     model_args = types.SimpleNamespace(model_name_or_path="amd/HyLo-Qwen-7MLA21GDN-64K", flash_attn="auto",
                                        enable_liger_kernel=True)  # fmt: skip
     training = types.SimpleNamespace(use_cpu=False)
-    arguments = RunArguments(model_args, None, training, None, None, ZebraArguments())
-    kernel_choice.training_kernel_step(TrainingRun(arguments, None, "t.yaml", logger))
+    kernel_choice.training_kernel_step(training_run(model_args, training=training, logger=logger))
     import os
 
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "rank_1")
