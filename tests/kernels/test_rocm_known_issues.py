@@ -8,7 +8,7 @@ import types
 import pytest
 
 from llamafactory_zebra.environment import checks as doctor
-from llamafactory_zebra.kernels import FAKE_STACK_ENV_VAR, NOTE, STOP, WARN, Stack, registry, resolve
+from llamafactory_zebra.kernels import FAKE_STACK_ENV_VAR, NOTE, STOP, WARN, Stack, decider, resolve
 from llamafactory_zebra.kernels.known_issues import KNOWN_ISSUES, TRITON_CACHE_SHARED
 from llamafactory_zebra.kernels.workarounds import fla_stage_cap, triton_cache_per_rank
 
@@ -24,7 +24,7 @@ FAKE_MI300X = json.dumps(
 def _clean(monkeypatch):
     for variable in ("ZEBRA_FLA_MAX_STAGES", "ZEBRA_GDN_BACKEND", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
         monkeypatch.delenv(variable, raising=False)
-    registry._select.cache_clear()
+    decider._select.cache_clear()
 
 
 def test_every_issue_says_what_is_established_and_cites_its_source():
@@ -87,7 +87,7 @@ def test_the_training_preflight_sets_the_cache_before_the_model_loads(monkeypatc
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(registry, "_emitted", set())
+    monkeypatch.setattr(decider, "_emitted", set())
     logged = []
     logger = types.SimpleNamespace(info_rank0=logged.append, warning_rank0=logged.append)
     model_args = types.SimpleNamespace(model_name_or_path="amd/HyLo-Qwen-7MLA21GDN-64K", flash_attn="auto",
