@@ -2,9 +2,9 @@
 
 One table, asked by everything else: the model (how packed rows reach the kernel), sequence parallelism, the
 distillation teacher, the memory planner, the training guards, the planner's YAML reader and ``llamafactory-zebra
-doctor``. A rule module like ``packing.py``: it imports only the kernel vocabulary (``kernel_names.py``, itself a
-leaf), so every folder may ask it. Which packed-row kernel a call runs is the kernel registry's ``attention`` op
-(``kernels/registry.py``, ``packed_attention_kernel``), whose entries are named here.
+doctor``. A rule module like ``packing.py``: it imports nothing of the package, so every folder may ask it.
+Which packed-row kernel a call runs is the kernel registry's ``attention`` op (``kernels/registry.py``'s entries,
+``kernels.packed_attention_kernel``).
 
 Names are transformers' ``attn_implementation`` values. How packed rows (several samples in one row,
 ``packing.py``) run on each:
@@ -23,8 +23,6 @@ Any other ``attn_implementation`` someone registered with transformers also gets
 
 from __future__ import annotations
 
-from .kernel_names import Key
-
 EAGER = "eager"
 SDPA = "sdpa"
 FLASH_ATTENTION_2 = "flash_attention_2"
@@ -32,14 +30,6 @@ FLASH_ATTENTION_3 = "flash_attention_3"
 
 ATTENTION_IMPLEMENTATIONS = (EAGER, SDPA, FLASH_ATTENTION_2, FLASH_ATTENTION_3)
 FLASH_ATTENTION_BACKENDS = (FLASH_ATTENTION_2, FLASH_ATTENTION_3)
-
-# How packed rows run: the registry's ``attention`` entries (``kernels.packed_attention_kernel`` returns one).
-PACKED_FLASH_VARLEN = Key.FLASH_VARLEN
-PACKED_FLEX = Key.FLEX_BLOCK_MASK
-PACKED_PER_SEGMENT_SDPA = Key.SDPA_PER_SEGMENT
-PACKED_DENSE_MASK = Key.DENSE_MASK
-# Kernels that take the samples' borders (``cu_seq_lens_q/k``) instead of a mask.
-BORDER_KERNELS = (PACKED_FLASH_VARLEN, PACKED_FLEX, PACKED_PER_SEGMENT_SDPA)
 
 # What the memory planner models (``planning/activations.py``): kernels that save q, k, v, output and
 # log-sum-exp for backward. eager keeps a T x T score matrix per head.

@@ -1,14 +1,13 @@
-"""The kernel registry's vocabulary: op names, kernel families, entry keys and the facts of a call, each
-spelled once, here.
+"""The kernel registry's vocabulary: op names, kernel families and the facts of a call, each spelled once, here.
+(Entry keys are spelled in their rows of the registry's table, ``kernels/registry.py``, which derives ``Key``.)
 
-Why a leaf module of its own: the registry (``kernels/registry.py``), the switches, the resolver, the ops'
-implementation tables, the losses, the attention policy and the vLLM layer all name the same entries; with
-the names as members here, a misspelt one is an ``AttributeError`` at import instead of a key that quietly
-matches nothing. It imports nothing, so every module (``attention_policy.py``, ``loss.py``, which the
-registry itself imports) may import it.
+Why a leaf module of its own: the registry (``kernels/registry.py``), the switches, the resolver, the ops, the
+losses and the vLLM layer all name the same ops, families and facts; with the names as members here, a misspelt
+one is an ``AttributeError`` at import instead of a name that quietly matches nothing. It imports nothing, so
+every module may import it.
 
-The members are strings (``Key.FLA == "fla"``): environment values, doctor's table, JSON reports and the
-tables keyed by them read the same as before.
+The members are strings (``Op.CONV == "conv"``): environment values, doctor's table and JSON reports read the
+same as plain strings (:class:`Name`, which ``Key`` shares).
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from __future__ import annotations
 from enum import Enum
 
 
-class _Name(str, Enum):
+class Name(str, Enum):
     """A name that is its own string everywhere: printed, formatted, shown (``repr``), hashed and compared as
     its value, so messages, doctor's table and reports read exactly as the plain strings did."""
 
@@ -32,7 +31,7 @@ class _Name(str, Enum):
         return format(self.value, spec)
 
 
-class Op(_Name):
+class Op(Name):
     """The ops the registry chooses a kernel for, as doctor prints them."""
 
     GDN_CHUNK = "GDN chunk"
@@ -47,7 +46,7 @@ class Op(_Name):
     DISTILLATION_LOSS = "distillation loss"
 
 
-class Family(_Name):
+class Family(Name):
     """Where an entry's code comes from, one name each everywhere (planner, losses, doctor, known issues)."""
 
     FLA = "fla"
@@ -63,29 +62,7 @@ class Family(_Name):
     LOGITS = "logits"
 
 
-class Key(_Name):
-    """An entry's key within its op: what the op's implementation table maps to a function."""
-
-    FLA = "fla"
-    TORCH = "torch"
-    TORCH_CHUNK = "torch-chunk"
-    TORCH_PARALLEL = "torch-parallel"
-    TORCH_PARALLEL_COMPILED = "torch-parallel-compiled"
-    CPP = "cpp"
-    CPP_BF16_GEMM = "cpp-bf16-gemm"
-    TORCH_BF16_GEMM = "torch-bf16-gemm"
-    VLLM_CPP = "vllm-cpp"
-    CONV_OP = "conv-op"
-    FLASH_VARLEN = "flash_varlen"
-    FLEX_BLOCK_MASK = "flex_block_mask"
-    SDPA_PER_SEGMENT = "sdpa_per_segment"
-    DENSE_MASK = "dense_mask"
-    LIGER = "liger"
-    CHUNKED = "chunked"
-    LOGITS = "logits"
-
-
-class Fact(_Name):
+class Fact(Name):
     """What a call tells the registry beyond its inputs' device and dtype (``registry.FACTS``: which op reads
     which; a call that names another fails)."""
 

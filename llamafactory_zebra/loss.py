@@ -4,8 +4,8 @@ At 1M tokens the logits alone are 1M × 151936 values. On GPU Liger's fused line
 (Triton) avoids them; Liger cannot run where Triton cannot (CPU), and LLaMA-Factory's
 ``enable_liger_kernel`` does not know the ``zebra`` model type, so this module provides both
 implementations with one contract: Liger's kernel and a chunked PyTorch function. Which one runs is the
-kernel registry's ``loss`` op (``kernels/registry.py``): :func:`fused_causal_lm_loss` hands it
-:data:`LOSS_SUMS` and runs what it chooses, at each training forward.
+kernel registry's ``loss`` op (``kernels/registry.py``, whose entries name these functions):
+:func:`fused_causal_lm_loss` runs what it chooses, at each training forward.
 
 The chunked function computes the gradients of each token chunk during the forward pass (as Liger
 does) and scales them by the incoming gradient in backward, so memory is one chunk of logits plus
@@ -17,14 +17,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .kernel_names import Key, Op
-from .kernels import Call, KernelLoadError, run
+from .kernel_names import Op
+from .kernels import Call, KernelLoadError, Key, run
 
 # The label LLaMA-Factory's collators write for prompt and padding tokens (``llamafactory.extras.constants.
 # IGNORE_INDEX``, PyTorch's cross-entropy default). Spelled out, not imported: the model code stays importable
 # without LLaMA-Factory's import chain; tests/ops/test_loss.py checks the two agree.
 IGNORE_INDEX = -100
-# The loss entries (``kernel_names.Key``; also their families): Liger's fused kernels, this module's chunked
+# The loss entries (``kernels.Key``; also their families): Liger's fused kernels, this module's chunked
 # PyTorch functions, and full-vocabulary logits.
 LIGER, CHUNKED, LOGITS = Key.LIGER, Key.CHUNKED, Key.LOGITS
 # One chunk of fp32 logits stays at or below this many elements (64 MiB): 64 tokens for Qwen3's 151,936 vocab.
@@ -118,14 +118,6 @@ def logits_cross_entropy_sum(
     return F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
-# The ``loss`` op's implementations by registry key (``kernels/registry.py``).
-LOSS_SUMS = {
-    LIGER: liger_linear_cross_entropy_sum,
-    CHUNKED: chunked_linear_cross_entropy_sum,
-    LOGITS: logits_cross_entropy_sum,
-}
-
-
 def shifted_targets(labels: torch.Tensor, shift_labels: torch.Tensor | None = None) -> torch.Tensor:
     """Next-token targets aligned with every position, exactly as transformers' ``ForCausalLMLoss`` builds them."""
     if shift_labels is not None:
@@ -144,13 +136,13 @@ def fused_causal_lm_loss(
 ) -> torch.Tensor:
     """Mean next-token loss (or sum / ``num_items_in_batch``, as the HF Trainer asks) without full logits.
 
-    The registry's ``loss`` op chooses the function of :data:`LOSS_SUMS` for the hidden states (Liger's on a
+    The registry's ``loss`` op chooses the function for the hidden states (Liger's on a
     GPU with Liger installed, the chunked one otherwise); ``force`` demands one key (``liger``, ``chunked``).
     """
     targets = shifted_targets(labels, shift_labels).reshape(-1).to(hidden_states.device)
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1])
     call = Call.of(hidden, fused=True)
-    total = run(Op.LOSS, call, LOSS_SUMS, hidden, lm_head_weight, targets, chunk_tokens=chunk_tokens, force=force)
+    total = run(Op.LOSS, call, hidden, lm_head_weight, targets, chunk_tokens=chunk_tokens, force=force)
     if num_items_in_batch is None:
         num_items_in_batch = (targets != IGNORE_INDEX).sum()
     if torch.is_tensor(num_items_in_batch):

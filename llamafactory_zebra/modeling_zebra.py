@@ -33,9 +33,9 @@ from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
-from .attention_policy import BORDER_KERNELS, EAGER, PACKED_FLASH_VARLEN
+from .attention_policy import EAGER
 from .configuration_zebra import MLA, ZebraConfig
-from .kernels import LOSS, Call, detect_stack, packed_attention_kernel, select
+from .kernels import BORDER_KERNELS, LOSS, Call, Key, detect_stack, packed_attention_kernel, select
 from .layers.gated_deltanet import ZebraGatedDeltaNet, ZebraShortConv, gdn_decay_init
 from .layers.mla import ZebraMLA
 from .layers.norms import ZebraRMSNorm
@@ -488,7 +488,7 @@ class ZebraModel(ZebraPreTrainedModel):
         inputs["cu_seqlens"] = cu_seqlens_from_segment_ids(segment_ids)
         implementation = EAGER if output_attentions else self.config._attn_implementation
         kernel = packed_attention_kernel(implementation, inputs_embeds.device.type)
-        if kernel == PACKED_FLASH_VARLEN:
+        if kernel == Key.FLASH_VARLEN:
             inputs.update(flash_varlen_kwargs(segment_ids))
         elif attention_mask is not None and attention_mask.dim() == 4:
             inputs["attention_mask"] = attention_mask

@@ -8,8 +8,7 @@ import torch
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 from vllm.platforms import current_platform
 
-from llamafactory_zebra.kernel_names import Key
-from llamafactory_zebra.kernels import CONV_IN_SLOTS, select, this_machine
+from llamafactory_zebra.kernels import CONV_IN_SLOTS, Key, select, this_machine
 from llamafactory_zebra.serving.vllm.gdn import conv_in_slots_call
 
 

@@ -9,14 +9,24 @@ run's template (``Template.encode_multiturn``) on the converted rows, at most :d
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from llamafactory.data.template import Template
+    from llamafactory.hparams import DataArguments
+    from transformers import PreTrainedTokenizer
 
 # Rows encoded for the check: every row of a quickstart-sized dataset, a bounded cost on the recipe's.
 CHECKED_ROWS = 5000
 
 
 def row_tokens(
-    template: Any, tokenizer: Any, messages: list[dict[str, str]], system: str | None = None, tools: str | None = None
+    template: Template,
+    tokenizer: PreTrainedTokenizer,
+    messages: list[dict[str, str]],
+    system: str | None = None,
+    tools: str | None = None,
 ) -> int:
     """Tokens LLaMA-Factory's supervised processor makes of one conversation before truncation.
 
@@ -29,7 +39,9 @@ def row_tokens(
     return sum(len(source) + len(target) for source, target in pairs) + int(bool(template.efficient_eos))
 
 
-def over_cutoff_message(dataset: Any, data_args: Any, template: Any, tokenizer: Any) -> str | None:
+def over_cutoff_message(
+    dataset: Dataset, data_args: DataArguments, template: Template, tokenizer: PreTrainedTokenizer
+) -> str | None:
     """The warning for rows longer than what a training row holds, or ``None`` when every checked row fits.
 
     ``data_args.cutoff_len`` is what the processor truncates at: with ``packing`` LLaMA-Factory has already

@@ -24,7 +24,7 @@ from __future__ import annotations
 import copy
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..hparams import (
     RunArguments,
@@ -36,6 +36,10 @@ from ..hparams import (
 from .report_arithmetic import count_packs, length_summary, map_batches
 from .row_policy import REPORT_ATTRIBUTE
 from .validation import DROP_REASON_COLUMN, split_reason
+
+if TYPE_CHECKING:
+    from llamafactory.data.parser import DatasetAttr
+    from llamafactory.hparams import DataArguments, TrainingArguments
 
 DEFAULT_STREAMING_ROW_LIMIT = 10_000
 # Keys that configure the launcher, not the data; DeepSpeed's would try to load its json here.
@@ -220,7 +224,7 @@ def _index_rows(source: int, count: int) -> Any:
         yield {"source": source, "row": row}
 
 
-def mixture_order(row_counts: list[int], data_args: Any, seed: int) -> list[tuple[int, int]]:
+def mixture_order(row_counts: list[int], data_args: DataArguments, seed: int) -> list[tuple[int, int]]:
     """(dataset, row) pairs in the order training sees them: LLaMA-Factory's mixing on index columns.
 
     Mixing and splitting depend only on the datasets' lengths, the strategy and the seed, so
@@ -242,7 +246,7 @@ def mixture_order(row_counts: list[int], data_args: Any, seed: int) -> list[tupl
     return [] if train is None else [(item["source"], item["row"]) for item in train]
 
 
-def streams_nothing(attr: Any, data_args: Any, training_args: Any) -> bool:
+def streams_nothing(attr: DatasetAttr, data_args: DataArguments, training_args: TrainingArguments) -> bool:
     """LLaMA-Factory 0.9.5 streams a local file through ``to_iterable_dataset(num_shards=
     dataloader_num_workers)``: with the default 0 workers that is an empty stream, and training
     stops with a bare ``StopIteration`` in ``align_dataset``."""

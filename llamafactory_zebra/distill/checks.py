@@ -1,20 +1,21 @@
 """The checks a distillation run passes before any data loads.
 
 The keys themselves (``distill``, ``teacher_model_name_or_path``, ``kd_*``, ``ild_*``) are fields of
-``hparams.ZebraArguments``; :func:`check_distill_setup` validates them against LLaMA-Factory's parsed
-arguments and both models' configs and tokenizers.
+``hparams.ZebraArguments``; :func:`check_distill_setup` validates them against the run's LLaMA-Factory
+arguments (one ``hparams.TrainingRun``) and both models' configs and tokenizers.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..configuration_zebra import is_zebra_config
-from ..hparams import ZebraArguments
+from ..hparams import TrainingRun, ZebraArguments
 
 if TYPE_CHECKING:
-    from llamafactory.hparams import FinetuningArguments, ModelArguments
+    from llamafactory.hparams import ModelArguments
+    from transformers import PretrainedConfig
 
 # LLaMA-Factory options distillation cannot honour (it replaces the SFT loss and never generates).
 UNSUPPORTED_WITH_DISTILL = (
@@ -25,11 +26,11 @@ UNSUPPORTED_WITH_DISTILL = (
 )
 
 
-def check_distill_setup(
-    distill: ZebraArguments, model_args: ModelArguments, finetuning_args: FinetuningArguments
-) -> Any:
+def check_distill_setup(run: TrainingRun) -> PretrainedConfig:
     """Raise ``ValueError`` naming the key for a run that cannot distil; returns the teacher's config."""
     from transformers import AutoConfig
+
+    distill, model_args, finetuning_args = run.zebra, run.model, run.finetuning
 
     if finetuning_args.stage != "sft":
         raise ValueError(
@@ -68,7 +69,9 @@ def check_distill_setup(
     return teacher
 
 
-def check_same_vocabulary(teacher_path: str, teacher: Any, model_args: Any, student: Any) -> None:
+def check_same_vocabulary(
+    teacher_path: str, teacher: PretrainedConfig, model_args: ModelArguments, student: PretrainedConfig
+) -> None:
     """Same logit width, and — when the teacher ships a tokenizer — the same token → id map."""
     if teacher.get_text_config().vocab_size != student.get_text_config().vocab_size:
         raise ValueError(
@@ -97,7 +100,9 @@ def check_same_vocabulary(teacher_path: str, teacher: Any, model_args: Any, stud
         )
 
 
-def check_ild_shapes(distill: ZebraArguments, teacher_path: str, teacher: Any, student: Any) -> None:
+def check_ild_shapes(
+    distill: ZebraArguments, teacher_path: str, teacher: PretrainedConfig, student: PretrainedConfig
+) -> None:
     if not is_zebra_config(student):
         raise ValueError("distill: ild trains the decoder layers of a Zebra student; the student is not a Zebra model")
     for name in ("hidden_size", "num_hidden_layers"):

@@ -11,8 +11,8 @@ build logits one chunk of tokens at a time:
   log-probabilities are already there) and is weighted in when ``ce_weight > 0``.
 - Liger's ``LigerFusedLinearJSD`` (Triton) with ``jsd_beta`` 0 (forward KL) or 1 (reverse KL) on GPUs.
 
-Which one a training step runs is the kernel registry's ``distillation loss`` op: :func:`kd_loss_sums` hands
-it :data:`KD_LOSS_SUMS` and runs what it chooses (``force="liger"`` demands Liger's).
+Which one a training step runs is the kernel registry's ``distillation loss`` op (its entries name these
+functions): :func:`kd_loss_sums` runs what it chooses (``force="liger"`` demands Liger's).
 
 Conventions (both backends): at temperature T, with p the teacher's and q the student's softmax of
 logits / T, the per-token loss is ``T² · KL(p‖q)`` (forward) or ``T² · KL(q‖p)`` (``reverse``), the T²
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import DISTILLATION_LOSS, Call, KernelLoadError, run
-from ..loss import CHUNKED, IGNORE_INDEX, LIGER, default_chunk_tokens
+from ..loss import IGNORE_INDEX, default_chunk_tokens
 
 
 class _ChunkedLinearKD(torch.autograd.Function):
@@ -136,7 +136,7 @@ def kd_loss_sums(
     arguments = (student_hidden, student_weight, teacher_hidden, teacher_weight, targets)
     weights = (temperature, reverse, kl_weight, ce_weight)
     call = Call.of(student_hidden)
-    return run(DISTILLATION_LOSS, call, KD_LOSS_SUMS, *arguments, *weights, chunk_tokens, force=force)
+    return run(DISTILLATION_LOSS, call, *arguments, *weights, chunk_tokens, force=force)
 
 
 def _chunked_kd_loss_sums(
@@ -204,10 +204,6 @@ def _liger_kd_loss_sums(
         total = total + ce_weight * ce
         ce = ce.detach()
     return total, kd.detach(), ce
-
-
-# The ``distillation loss`` op's implementations by registry key (``kernels/registry.py``).
-KD_LOSS_SUMS = {LIGER: _liger_kd_loss_sums, CHUNKED: _chunked_kd_loss_sums}
 
 
 def full_logits_kd_loss_sums(

@@ -17,9 +17,12 @@ import argparse
 import dataclasses
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .parallel_sizes import check_sequence_parallel_size
+
+if TYPE_CHECKING:
+    from llamafactory.hparams import FinetuningArguments
 
 DISTILL_MODES = ("ild", "kd")
 ILD_LOSSES = ("l2", "mse")
@@ -160,11 +163,11 @@ def pop_zebra_arguments(args: dict[str, Any] | list[str]) -> tuple[dict[str, Any
     return rest, parsed
 
 
-def store_zebra_arguments(finetuning_args: Any, zebra: ZebraArguments) -> None:
+def store_zebra_arguments(finetuning_args: FinetuningArguments, zebra: ZebraArguments) -> None:
     """Keep the parsed keys with LLaMA-Factory's ``FinetuningArguments`` (handed to every trainer)."""
     setattr(finetuning_args, STORED_ON, zebra)
 
 
-def zebra_arguments(finetuning_args: Any) -> ZebraArguments:
+def zebra_arguments(finetuning_args: FinetuningArguments | None) -> ZebraArguments:
     """The keys stored on ``finetuning_args``; every default for arguments the plugin never parsed."""
     return getattr(finetuning_args, STORED_ON, None) or ZebraArguments()

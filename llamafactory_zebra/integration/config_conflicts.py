@@ -19,7 +19,12 @@ import json
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ..hparams import TrainingRun
+
+if TYPE_CHECKING:
+    from llamafactory.hparams import TrainingArguments
 
 AUTO = "auto"
 _TRANSFORMERS_MISMATCH = re.compile(r"^- ds (\S+)=")
@@ -53,12 +58,12 @@ def arguments_source(args: Any = None) -> str:
     return "the command-line arguments"
 
 
-def deepspeed_file(training_args: Any) -> str:
+def deepspeed_file(training_args: TrainingArguments) -> str:
     value = training_args.deepspeed
     return value if isinstance(value, str) else "the DeepSpeed config dict"
 
 
-def raw_deepspeed_config(training_args: Any) -> dict[str, Any] | None:
+def raw_deepspeed_config(training_args: TrainingArguments) -> dict[str, Any] | None:
     """The DeepSpeed config as the user wrote it (``hf_deepspeed_config`` already has its "auto"s filled)."""
     value = getattr(training_args, "deepspeed", None)
     if value is None or isinstance(value, dict):
@@ -81,7 +86,7 @@ def _lookup(config: dict[str, Any], dotted: str) -> Any:
     return node
 
 
-def _rules(args: Any, num_training_steps: int | None) -> list[tuple[str, Any, str, bool]]:
+def _rules(args: TrainingArguments, num_training_steps: int | None) -> list[tuple[str, Any, str, bool]]:
     """(DeepSpeed key, value the YAML implies, YAML key(s) as the user knows them, must match), in
     ``trainer_config_process`` / ``trainer_config_finalize`` order."""
     auto_batch = bool(getattr(args, "auto_find_batch_size", False))
@@ -128,7 +133,7 @@ def _fix(key: str, deepspeed_value: Any, yaml_key: str, deepspeed_name: str, arg
     return f"{auto}, or set `{yaml_key}: {_yaml(deepspeed_value)}` in {arguments}."
 
 
-def deepspeed_conflicts(training_args: Any, arguments: str) -> list[str]:
+def deepspeed_conflicts(training_args: TrainingArguments, arguments: str) -> list[str]:
     """Every YAML/DeepSpeed disagreement transformers would raise at trainer start, as fix-it lines."""
     config = raw_deepspeed_config(training_args)
     if not config:
@@ -151,18 +156,19 @@ def deepspeed_conflicts(training_args: Any, arguments: str) -> list[str]:
     return lines
 
 
-def check_deepspeed_conflicts(training_args: Any, arguments: str) -> None:
+def check_deepspeed_conflicts(run: TrainingRun) -> None:
     """Raise one ``ValueError`` listing every conflict; nothing when the DeepSpeed config agrees."""
-    lines = deepspeed_conflicts(training_args, arguments)
+    lines = deepspeed_conflicts(run.training, run.source)
     if lines:
         raise ValueError(
-            f"{deepspeed_file(training_args)} conflicts with {arguments}; transformers would stop on this only "
+            f"{deepspeed_file(run.training)} conflicts with {run.source}; transformers would stop on this only "
             "when the trainer starts, after the whole dataset is loaded and tokenised:\n" + "\n".join(lines)
         )
 
 
-def deepspeed_warnings(training_args: Any, arguments: str) -> list[str]:
+def deepspeed_warnings(run: TrainingRun) -> list[str]:
     """What the DeepSpeed JSON silently overrides in the YAML, and step counts not yet knowable."""
+    training_args, arguments = run.training, run.source
     config = raw_deepspeed_config(training_args)
     if not config:
         return []

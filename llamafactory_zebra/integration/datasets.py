@@ -32,12 +32,16 @@ import importlib
 import json
 import os
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..data.registry import merge_dataset_info, registry_dataset_info
 from ..data.row_policy import SKIP_ATTRIBUTE, SKIP_KEY
 from ..seam import Seam, UpstreamSeamChanged, install, original
 from . import SEAM_HINT
+
+if TYPE_CHECKING:
+    from llamafactory.data.parser import DatasetAttr
+    from llamafactory.hparams import DataArguments
 
 DATA_CONFIG = "dataset_info.json"
 
@@ -137,7 +141,7 @@ def registry_dataset_names(module: ModuleType) -> Any:
     return zebra_get_dataset_list
 
 
-def guarded_converter(dataset_attr: Any, data_args: Any) -> Any:
+def guarded_converter(dataset_attr: DatasetAttr, data_args: DataArguments) -> Any:
     """The converter the loader used for this dataset, behind the row guard."""
     from llamafactory.data import converter as converter_module
 

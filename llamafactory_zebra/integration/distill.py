@@ -21,11 +21,10 @@ from typing import Any
 from ..attention_policy import FLASH_ATTENTION_BACKENDS, attn_implementation_for
 from ..distill.checks import check_distill_setup
 from ..distill.metrics import METRIC_PREFIXES
-from ..hparams import ZebraArguments
+from ..hparams import TrainingRun, ZebraArguments
 from ..seam import Seam, install, original, wrapped_method
 from . import SEAM_HINT
 from .registrations import register_sinkless_flash_attention
-from .steps import TrainingRun
 
 
 def distill_step(run: TrainingRun) -> None:
@@ -34,7 +33,7 @@ def distill_step(run: TrainingRun) -> None:
     distill = run.zebra
     if not distill.distilling:
         return
-    check_distill_setup(distill, run.model, run.finetuning)
+    check_distill_setup(run)
     if attn_implementation_for(run.model.flash_attn) in FLASH_ATTENTION_BACKENDS:
         register_sinkless_flash_attention()
     distill.trust_remote_code = bool(run.model.trust_remote_code)

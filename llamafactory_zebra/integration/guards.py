@@ -23,14 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..attention_policy import LLAMAFACTORY_FA2, SDPA, attn_implementation_for, flash_attn_value
 from ..configuration_zebra import is_zebra_config
-from ..hparams import data_parallel_size, optimizer_steps_per_epoch, total_optimizer_steps, zebra_arguments
+from ..hparams import TrainingRun, data_parallel_size, optimizer_steps_per_epoch, total_optimizer_steps
 from ..kernels import packed_attention_kernel, this_machine
 from .config_conflicts import check_deepspeed_conflicts, deepspeed_warnings
-from .steps import TrainingRun
 
 if TYPE_CHECKING:
-    from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArguments, TrainingArguments
-    from transformers import PretrainedConfig
+    from llamafactory.hparams import ModelArguments, TrainingArguments
 
 _SAVE_KEYS = (
     "stage3_gather_16bit_weights_on_model_save",
@@ -57,39 +55,30 @@ def guard_step(run: TrainingRun) -> None:
     """For a Zebra checkpoint: the setups that must not start raise; the others are logged as warnings."""
     if run.config is None:
         return
-    arguments = run.model, run.data, run.training, run.finetuning, run.config
-    for warning in check_training_setup(*arguments, arguments=run.source):
+    for warning in check_training_setup(run):
         run.logger.warning_rank0(f"llamafactory-zebra: {warning}")
 
 
 def check_training_setup(
-    model_args: ModelArguments,
-    data_args: DataArguments,
-    training_args: TrainingArguments,
-    finetuning_args: FinetuningArguments,
-    config: PretrainedConfig,
-    *,
-    num_train_examples: int | None = None,
-    is_rocm: bool | None = None,
-    arguments: str = "the training arguments",
+    run: TrainingRun, *, num_train_examples: int | None = None, is_rocm: bool | None = None
 ) -> list[str]:
     """Warnings for a Zebra training run; raises ``ValueError`` for setups that must not start.
 
-    Args are LLaMA-Factory's parsed dataclasses and the model config. ``num_train_examples`` (the
-    length of the training dataset after packing, when known) lets the warmup check count optimizer
-    steps as the HF Trainer will; without it only ``max_steps`` is used. ``is_rocm`` overrides the
-    detection (a ROCm build of torch, ``kernels.this_machine``; for tests). ``arguments`` names the YAML in messages.
+    ``num_train_examples`` (the length of the training dataset after packing, when known) lets the warmup
+    check count optimizer steps as the HF Trainer will; without it only ``max_steps`` is used. ``is_rocm``
+    overrides the detection (a ROCm build of torch, ``kernels.this_machine``; for tests). Messages name the
+    YAML (``run.source``).
     """
-    if not is_zebra_config(config):
+    if not is_zebra_config(run.config):
         return []
     rocm = running_on_rocm() if is_rocm is None else is_rocm
-    deepspeed = deepspeed_config(training_args)
-    _refuse_fp16_on_rocm(training_args, deepspeed, rocm)
-    check_deepspeed_conflicts(training_args, arguments)
-    _refuse_unsupported_attention(model_args)
-    warnings = deepspeed_warnings(training_args, arguments)
-    warnings += _accelerator_warnings(model_args, training_args, arguments)
-    warmup = _warmup_warning(data_args, training_args, finetuning_args, model_args, num_train_examples)
+    deepspeed = deepspeed_config(run.training)
+    _refuse_fp16_on_rocm(run.training, deepspeed, rocm)
+    check_deepspeed_conflicts(run)
+    _refuse_unsupported_attention(run.model)
+    warnings = deepspeed_warnings(run)
+    warnings += _accelerator_warnings(run.model, run.training, run.source)
+    warmup = _warmup_warning(run, num_train_examples)
     if warmup:
         warnings.append(warmup)
     save = _zero3_save_warning(deepspeed)
@@ -98,7 +87,7 @@ def check_training_setup(
     return warnings
 
 
-def deepspeed_config(training_args: Any) -> dict[str, Any] | None:
+def deepspeed_config(training_args: TrainingArguments) -> dict[str, Any] | None:
     """The DeepSpeed config as the Trainer will use it (already loaded by ``TrainingArguments``) or ``None``."""
     hf_config = getattr(training_args, "hf_deepspeed_config", None)
     if hf_config is not None:
@@ -110,7 +99,7 @@ def deepspeed_config(training_args: Any) -> dict[str, Any] | None:
         return json.load(f)
 
 
-def _refuse_fp16_on_rocm(training_args: Any, deepspeed: dict[str, Any] | None, rocm: bool) -> None:
+def _refuse_fp16_on_rocm(training_args: TrainingArguments, deepspeed: dict[str, Any] | None, rocm: bool) -> None:
     if not rocm:
         return
     ds_fp16 = bool(deepspeed) and (deepspeed.get("fp16") or {}).get("enabled") is True
@@ -123,11 +112,11 @@ def _refuse_fp16_on_rocm(training_args: Any, deepspeed: dict[str, Any] | None, r
         )
 
 
-def _refuse_unsupported_attention(model_args: Any) -> None:
+def _refuse_unsupported_attention(model_args: ModelArguments) -> None:
     attn_implementation_for(model_args.flash_attn)  # raises for a refused value, with the reason
 
 
-def _accelerator_warnings(model_args: Any, training_args: Any, arguments: str) -> list[str]:
+def _accelerator_warnings(model_args: ModelArguments, training_args: TrainingArguments, arguments: str) -> list[str]:
     if training_args.use_cpu or not this_machine().has_gpu:
         return []
     warnings = []
@@ -149,7 +138,9 @@ def _accelerator_warnings(model_args: Any, training_args: Any, arguments: str) -
     return warnings
 
 
-def training_steps(training_args: Any, num_train_examples: int | None, sequence_parallel: int = 1) -> int | None:
+def training_steps(
+    training_args: TrainingArguments, num_train_examples: int | None, sequence_parallel: int = 1
+) -> int | None:
     """Optimizer steps the Trainer will run (``hparams/training_steps.py``), or ``None`` if unknowable.
 
     Sequence-parallel ranks share a batch, so only the data-parallel ranks
@@ -167,18 +158,19 @@ def training_steps(training_args: Any, num_train_examples: int | None, sequence_
     return total_optimizer_steps(per_epoch, training_args.num_train_epochs, training_args.max_steps)
 
 
-def _warmup_warning(data_args, training_args, finetuning_args, model_args, num_train_examples) -> str | None:
+def _warmup_warning(run: TrainingRun, num_train_examples: int | None) -> str | None:
+    training_args = run.training
     ratio = training_args.warmup_steps  # transformers >= 5 stores warmup_ratio here as a float < 1
     if not 0 < ratio < 1:
         return None
-    steps = training_steps(training_args, num_train_examples, zebra_arguments(finetuning_args).sequence_parallel_size)
+    steps = training_steps(training_args, num_train_examples, run.zebra.sequence_parallel_size)
     if steps is None:
         return None
     warmup = training_args.get_warmup_steps(steps)
     if warmup >= MIN_WARMUP_STEPS:
         return None
     return (
-        f"warmup_ratio {ratio} gives {warmup} warmup step(s) of {steps} at cutoff_len {data_args.cutoff_len}: "
+        f"warmup_ratio {ratio} gives {warmup} warmup step(s) of {steps} at cutoff_len {run.data.cutoff_len}: "
         f"long packed sequences leave few optimizer steps, so a ratio barely warms up. Set an absolute "
         f"`warmup_steps` (at least {MIN_WARMUP_STEPS}; AMD's 1M recipe used 200) and drop `warmup_ratio`."
     )

@@ -16,16 +16,19 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..attention_policy import attn_implementation_for
+from ..hparams import TrainingRun
 from ..kernels import STOP, WARN, Resolution, detect_stack, emit_once, resolve
 from ..kernels.known_issues import TRITON_CACHE_SHARED
 from ..kernels.workarounds import triton_cache_per_rank
 from ..presets import PRESET_HUB_IDS
 from ..released import checkpoint_layout
 from ..seam import Seam, original
-from .steps import TrainingRun
+
+if TYPE_CHECKING:
+    from llamafactory.hparams import ModelArguments
 
 
 def is_zebra_model(model_name_or_path: str | None) -> bool:
@@ -33,8 +36,9 @@ def is_zebra_model(model_name_or_path: str | None) -> bool:
     return bool(checkpoint_layout(model_name_or_path)) or model_name_or_path in PRESET_HUB_IDS.values()
 
 
-def resolve_for_run(model_args: Any, *, training: bool, use_cpu: bool = False) -> Resolution:
-    """The kernels this run's model will use, from its LLaMA-Factory arguments and this machine."""
+def resolve_for_run(model_args: ModelArguments, *, training: bool, use_cpu: bool = False) -> Resolution:
+    """The kernels this run's model will use, from its LLaMA-Factory arguments and this machine (the model's
+    arguments only: ``get_infer_args`` has no training run)."""
     stack = detect_stack()
     return resolve(
         stack.on_cpu() if use_cpu else stack,
@@ -59,7 +63,7 @@ def training_kernel_step(run: TrainingRun) -> None:
     model_args, logger = run.model, run.logger
     if not is_zebra_model(model_args.model_name_or_path):
         return
-    resolution = resolve_for_run(model_args, training=True, use_cpu=bool(getattr(run.training, "use_cpu", False)))
+    resolution = resolve_for_run(model_args, training=True, use_cpu=bool(run.training.use_cpu))
     log_resolution(resolution, logger.info_rank0, logger.warning_rank0)
     if any(p.key == TRITON_CACHE_SHARED for p in resolution.problems):
         directory = triton_cache_per_rank(resolution.stack)

@@ -18,11 +18,15 @@ from __future__ import annotations
 import functools
 import math
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..configuration_zebra import ZebraConfig, is_zebra_config
 from ..released import RELEASED_HYBRID_CONFIG, RELEASED_LAYOUT, checkpoint_layout, load_released_config
 from ..seam import Seam, UpstreamSeamChanged, original
+
+if TYPE_CHECKING:
+    from llamafactory.extras.logging import _Logger
+    from llamafactory.hparams import ModelArguments
 
 # Keys that only mean something to YaRN; they leave when rope_scaling switches to another type.
 YARN_ONLY_ROPE_KEYS = ("mscale", "mscale_all_dim", "beta_fast", "beta_slow", "attention_factor")
@@ -107,7 +111,7 @@ def zebra_rope_rule(patcher: ModuleType) -> Any:
     return zebra_configure_rope
 
 
-def configure_zebra_rope(config: ZebraConfig, model_args: Any, logger: Any) -> None:
+def configure_zebra_rope(config: ZebraConfig, model_args: ModelArguments, logger: _Logger) -> None:
     """LLaMA-Factory's ``rope_scaling`` rule for Zebra, keeping what upstream's version loses.
 
     Same factor as upstream (``ceil(model_max_length / original window)``, 2.0 for inference), but the

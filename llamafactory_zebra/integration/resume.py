@@ -13,12 +13,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any
 
-from .steps import TrainingRun
-
-if TYPE_CHECKING:
-    from llamafactory.hparams import TrainingArguments
+from ..hparams import TrainingRun
 
 TRAINER_STATE = "trainer_state.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -51,15 +47,16 @@ def resume_step(run: TrainingRun) -> None:
     """For a Zebra checkpoint: resume from the last complete save (the step says why it overrides
     ``resume_from_checkpoint``)."""
     if run.config is not None:
-        resume_from_last_complete_checkpoint(run.training, run.logger)
+        resume_from_last_complete_checkpoint(run)
 
 
-def resume_from_last_complete_checkpoint(training_args: TrainingArguments, logger: Any) -> None:
+def resume_from_last_complete_checkpoint(run: TrainingRun) -> None:
     """Point ``resume_from_checkpoint`` (LLaMA-Factory's automatic choice or the user's) at a complete save.
 
     An incomplete choice is replaced by the newest complete checkpoint of an earlier step in the same
     directory; with none there the run stops, naming what is missing.
     """
+    training_args, logger = run.training, run.logger
     chosen = training_args.resume_from_checkpoint
     if not isinstance(chosen, str) or not os.path.isdir(chosen):
         return

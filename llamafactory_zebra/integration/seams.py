@@ -3,8 +3,8 @@ behaviour, or relies on one of its names (and the few in transformers, accelerat
 
 :data:`LLAMAFACTORY_SEAMS` is the table (the mechanism is ``llamafactory_zebra/seam.py``): each feature
 module declares the records of the names it wraps next to the wrappers (``loading``, ``datasets``,
-``training``, ``kernel_choice``, ``launcher``, ``webui``, ``chat_exit``, ``worker_exit``, ``distill``,
-``sequence_parallel``), and the names only called elsewhere are listed here. The import hook calls
+``training``, ``prerequisites``, ``kernel_choice``, ``launcher``, ``webui``, ``chat_exit``, ``worker_exit``,
+``distill``, ``sequence_parallel``), and the names only called elsewhere are listed here. The import hook calls
 :func:`install` when each watched LLaMA-Factory module loads: it checks every record of that module and
 applies its wrappers and registrations, so every worker, the web UI and the API server get the same
 changes. A few wrappers apply only when a run needs them (``on_import=False``: the SFT trainer class,
@@ -28,6 +28,7 @@ from . import (
     kernel_choice,
     launcher,
     loading,
+    prerequisites,
     sequence_parallel,
     training,
     webui,
@@ -48,6 +49,7 @@ LLAMAFACTORY_SEAMS: tuple[Seam, ...] = (
     *loading.SEAMS,
     *launcher.SEAMS,
     *training.SEAMS,
+    *prerequisites.SEAMS,
     *kernel_choice.SEAMS,
     *datasets.SEAMS,
     *webui.SEAMS,

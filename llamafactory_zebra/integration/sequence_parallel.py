@@ -32,18 +32,13 @@ import contextlib
 import functools
 from collections.abc import Iterator
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..attention_policy import flash_attn_value, sequence_parallel_accepts_flash_attn
 from ..configuration_zebra import is_zebra_config
-from ..hparams import check_sequence_parallel_size, data_parallel_size
+from ..hparams import TrainingRun, check_sequence_parallel_size, data_parallel_size
 from ..seam import Seam, original, wrapped
 from . import SEAM_HINT
-from .steps import TrainingRun
-
-if TYPE_CHECKING:
-    from llamafactory.hparams import DataArguments, FinetuningArguments, ModelArguments, TrainingArguments
-    from transformers import PretrainedConfig
 
 UNSUPPORTED_WITH_SP = (
     ("predict_with_generate", "generation"),
@@ -60,22 +55,17 @@ def sequence_parallel_step(run: TrainingRun) -> None:
     """With ``sequence_parallel_size > 1``: the setup is checked and the split logged."""
     sp = run.zebra.sequence_parallel_size
     if sp > 1:
-        check_sequence_parallel_setup(sp, run.model, run.data, run.training, run.finetuning, run.config)
+        check_sequence_parallel_setup(run)
         run.logger.info_rank0(
             f"llamafactory-zebra: sequence parallelism {sp} x data parallelism "
             f"{data_parallel_size(run.training.world_size, sp)}"
         )
 
 
-def check_sequence_parallel_setup(
-    sp: int,
-    model_args: ModelArguments,
-    data_args: DataArguments,
-    training_args: TrainingArguments,
-    finetuning_args: FinetuningArguments,
-    config: PretrainedConfig | None,
-) -> None:
+def check_sequence_parallel_setup(run: TrainingRun) -> None:
     """Raise ``ValueError`` for a run SP cannot do exactly; called before any data is loaded."""
+    sp, config = run.zebra.sequence_parallel_size, run.config
+    model_args, data_args, training_args, finetuning_args = run.model, run.data, run.training, run.finetuning
     if not is_zebra_config(config):
         raise ValueError(
             f"sequence_parallel_size is implemented by llamafactory-zebra for Zebra models only; "

@@ -9,24 +9,26 @@ tiling itself is ``layers/tiled_mlp.py`` (DeepSpeed's ``TiledMLP``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from torch import nn
 
+from ..hparams import TrainingRun
 from ..layers.tiled_mlp import AUTO, set_mlp_tiles
 from ..released import checkpoint_layout
-from .steps import TrainingRun
 
 if TYPE_CHECKING:
-    from llamafactory.hparams import ModelArguments, TrainingArguments
+    from llamafactory.extras.logging import _Logger
 
 
 def tiled_mlp_step(run: TrainingRun) -> None:
     if run.zebra.tiled_mlp:
-        check_tiled_mlp_setup(run.model, run.training)
+        check_tiled_mlp_setup(run)
 
 
-def check_tiled_mlp_setup(model_args: ModelArguments, training_args: TrainingArguments) -> None:
+def check_tiled_mlp_setup(run: TrainingRun) -> None:
+    """Raise ``ValueError`` when the run's model is not a Zebra or plain DDP would run the tiles."""
+    model_args, training_args = run.model, run.training
     if checkpoint_layout(model_args.model_name_or_path) is None:
         raise ValueError(
             f"tiled_mlp: true is implemented for Zebra models; {model_args.model_name_or_path} is not one"
@@ -38,7 +40,7 @@ def check_tiled_mlp_setup(model_args: ModelArguments, training_args: TrainingArg
         )
 
 
-def tile_mlps(model: nn.Module, logger: Any) -> None:
+def tile_mlps(model: nn.Module, logger: _Logger) -> None:
     """Tile every MLP of the model the SFT trainer is about to train (about one hidden size of tokens each)."""
     count = set_mlp_tiles(model, AUTO)
     logger.info_rank0(f"llamafactory-zebra: {count} MLPs run over sequence tiles (tiled_mlp)")

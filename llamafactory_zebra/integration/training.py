@@ -3,7 +3,7 @@
 ``hparams.parser.get_train_args`` is where every plugin key and check meets LLaMA-Factory's parser. Its
 wrapper takes the plugin's own keys out of the arguments (``sequence_parallel_size``, ``tiled_mlp``, the
 ``distill`` keys: LLaMA-Factory's parser rejects unknown keys) into ``hparams.ZebraArguments``, lets
-LLaMA-Factory parse the rest, and hands one :class:`~.steps.TrainingRun` (its five dataclasses and the
+LLaMA-Factory parse the rest, and hands one :class:`~..hparams.TrainingRun` (its five dataclasses and the
 plugin's keys as one ``hparams.RunArguments``, the checkpoint's Zebra config, where the arguments came from)
 to every step of :data:`TRAINING_STEPS`, in order, before any data is loaded. The table says what each step
 does and why; each lives with its feature.
@@ -19,7 +19,14 @@ import functools
 from types import ModuleType
 from typing import Any
 
-from ..hparams import RunArguments, ZebraArguments, pop_zebra_arguments, store_zebra_arguments, zebra_arguments
+from ..hparams import (
+    RunArguments,
+    TrainingRun,
+    ZebraArguments,
+    pop_zebra_arguments,
+    store_zebra_arguments,
+    zebra_arguments,
+)
 from ..released import checkpoint_layout, load_checkpoint_config
 from ..seam import Seam, install, original
 from . import SEAM_HINT
@@ -29,7 +36,7 @@ from .guards import guard_step, keep_packing_masks_2d
 from .kernel_choice import training_kernel_step
 from .resume import resume_step
 from .sequence_parallel import sequence_parallel_step
-from .steps import Step, TrainingRun, run_steps
+from .steps import Step, run_steps
 from .tiled_mlp import tile_mlps, tiled_mlp_step
 
 

@@ -2,16 +2,29 @@
 
 The lowest floor of the package above the rule modules: imports only torch, the standard library and
 ``importlib.metadata``, so every entry point (training, chat, doctor, the ops) can ask it before anything
-heavy loads. ``stack.py`` is the one probe of the machine, ``registry.py`` the entries and the one
-decider (``select``) the ops call, ``switches.py`` the environment switches as data, ``resolver.py`` the
+heavy loads. ``stack.py`` is the one probe of the machine, ``registry.py`` the table of entries (each with its
+code), ``decider.py`` the one decider (``select``) and ``run``, which the ops call, ``switches.py`` the
+environment switches as data, ``resolver.py`` the
 tables doctor and the entry points print from the same decider, ``known_issues.py`` the known-broken
 combinations (data), ``workarounds.py`` what the plugin does about some of them itself and
 ``fla_seams.py`` the fla names one of those touches.
 """
 
+from .decider import (
+    KernelLoadError,
+    KernelUnavailable,
+    Selection,
+    emit_once,
+    fla_missing_message,
+    packed_attention_function,
+    packed_attention_kernel,
+    run,
+    select,
+)
 from .known_issues import KNOWN_ISSUES, KnownIssue, VersionRange
 from .registry import (
     ATTENTION,
+    BORDER_KERNELS,
     CONV,
     CONV_IN_SLOTS,
     DISTILLATION_LOSS,
@@ -27,22 +40,17 @@ from .registry import (
     OPS,
     Call,
     Kernel,
-    KernelLoadError,
-    KernelUnavailable,
-    Selection,
-    emit_once,
-    fla_missing_message,
-    packed_attention_kernel,
-    run,
-    select,
+    Key,
+    triton_interpreter_enabled,
 )
 from .resolver import INFERENCE, NOTE, PHASES, SERVING, STOP, TRAINING, WARN, Choice, Problem, Resolution, resolve
 from .stack import FAKE_STACK_ENV_VAR, Stack, detect_stack, parse_version, stack_from_json, this_machine
-from .switches import BACKEND_ENV_VAR, SWITCHES, triton_interpreter_enabled
+from .switches import BACKEND_ENV_VAR, SWITCHES
 
 __all__ = [
     "ATTENTION",
     "BACKEND_ENV_VAR",
+    "BORDER_KERNELS",
     "CONV",
     "CONV_IN_SLOTS",
     "DISTILLATION_LOSS",
@@ -71,6 +79,7 @@ __all__ = [
     "Kernel",
     "KernelLoadError",
     "KernelUnavailable",
+    "Key",
     "KnownIssue",
     "Problem",
     "Resolution",
@@ -80,6 +89,7 @@ __all__ = [
     "detect_stack",
     "emit_once",
     "fla_missing_message",
+    "packed_attention_function",
     "packed_attention_kernel",
     "parse_version",
     "resolve",

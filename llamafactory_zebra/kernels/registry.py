@@ -1,35 +1,35 @@
-"""The kernel registry: one entry per op × implementation, and the one function that picks among them.
+"""The kernel registry's table: one entry per op × implementation, with the code it runs. Adding an entry is adding
+a row to :data:`KERNELS` and writing its function.
 
 Modelled on fla's ``fla/backends``: each :class:`Kernel` names its op, its implementation's key and
-family, a priority (lower first), the distribution it needs, and three predicates — whether the machine
+family, a priority (lower first), the distribution it needs, three predicates — whether the machine
 can run it (:attr:`Kernel.needs`, on the probed :class:`~.stack.Stack`), whether it takes this call at all
 (:attr:`Kernel.fits`: device type, dtype, shapes of the inputs, as a :class:`Call`) and whether the
 automatic rule picks it for this call (:attr:`Kernel.auto`, e.g. the GPU-shaped PyTorch GDN only for
-GPU tensors). The switches (``switches.py``) leave entries out or force them.
+GPU tensors) — and its code (:attr:`Kernel.code`: ``module:function`` per entry point of the op, imported when
+it first runs, so this table imports no op). ``decider.py``'s ``select`` is the one decider and its ``run``
+calls the chosen entry's function; the switches (``switches.py``) leave entries out or force them. A call's
+facts are all an entry reads, so a faked CUDA or ROCm stack is decided on a CPU machine exactly as on the GPU
+(``tests/kernels/test_kernel_matrix.py``).
 
-:func:`select` is the one decider: the ops call it at each call with a :class:`Call` built from their
-inputs, and ``resolve()`` (``llamafactory-zebra doctor``, the training preflight, the inference entry
-points) calls it with the call a run of the recipe makes on that machine. A call's facts are all an
-entry reads, so a faked CUDA or ROCm stack is decided on a CPU machine exactly as on the GPU
-(``tests/kernels/test_kernel_matrix.py``). The ops map each key to their function (``IMPLEMENTATIONS`` tables
-next to the op); a test checks those tables name exactly this registry's entries.
+Each entry key is spelled once, in its row here; :class:`Key` is derived from the rows, and the switches,
+the losses, the attention policy's users and the vLLM layer name its members. ``docs/gpu.md``'s kernel table
+is generated from the rows (``python tools/kernel_table.py --write``; ``tests/repo/test_docs_tables.py``
+compares).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
+import importlib
+import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from ..attention_policy import FLASH_ATTENTION_BACKENDS, SDPA
-from ..kernel_names import Fact, Family, Key, Op
-from .stack import Stack, detect_stack
-from .switches import SWITCHES, TRITON_INTERPRET_ENV_VAR, Switch, triton_interpreter_enabled
-
-logger = logging.getLogger(__name__)
+from ..kernel_names import Fact, Family, Name, Op
+from .stack import Stack
 
 # The ops and families (``kernel_names.py`` spells them), under the names the rest of the package imports.
 GDN_CHUNK, GDN_RECURRENT, CONV = Op.GDN_CHUNK, Op.GDN_RECURRENT, Op.CONV
@@ -46,6 +46,14 @@ TORCH_GDN_GPU_COST = (
     'its GPU training speed: docs/benchmarks.md, "One H200: fla, and training with the PyTorch GDN path"'
 )
 FLA_MISSING = "fla-missing-on-gpu"
+TRITON_INTERPRET_ENV_VAR = "TRITON_INTERPRET"
+# The entry point of an op with one (``decider.run``'s default); ``conv`` and ``conv in slots`` name theirs.
+RUN = "run"
+
+
+def triton_interpreter_enabled() -> bool:
+    """Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, as triton itself parses it)."""
+    return os.environ.get(TRITON_INTERPRET_ENV_VAR, "0").strip().lower() in ("1", "true", "on", "yes")
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,7 @@ def _always(_: object) -> str | None:
 @dataclass(frozen=True)
 class Kernel:
     op: Op
-    key: Key  # the implementation's name within its op (the op's implementation table is keyed by it)
+    key: str  # the implementation's name within its op (spelled here only; ``Key`` names it elsewhere)
     label: str  # what doctor prints
     family: Family
     priority: int  # lower first
@@ -96,204 +104,26 @@ class Kernel:
     auto: Callable[[Call], str | None] = _always  # why the automatic rule passes it over for this call
     because: Callable[[Stack], str] = lambda stack: ""  # why it runs, when it is the first choice
     missing_warning: str | None = None  # warn (this key, once) when only its absence passes it over
+    # Its function per entry point of the op, as ``module:function`` (``code``); none: the op's caller does the
+    # work itself (the dense attention mask).
+    code: Mapping[str, str] = field(default_factory=dict, compare=False)
+    when: str = ""  # when the automatic rule runs it, in words (docs/gpu.md's kernel table)
+
+    def function(self, entry_point: str = RUN) -> Callable:
+        """The function the entry runs at ``entry_point``, from its module (imported the first time)."""
+        module, name = self.code[entry_point].split(":")
+        return getattr(importlib.import_module(module), name)
 
 
-@dataclass(frozen=True)
-class Selection:
-    kernel: Kernel
-    reason: str
-    passed_over: tuple[tuple[Kernel, str], ...] = ()  # higher-priority entries and why each was passed over
-    missing: Kernel | None = None  # an entry the call would have run but for its absence (see Kernel.missing_warning)
-
-
-class KernelUnavailable(RuntimeError):
-    """A switch (or a caller) demands a kernel that cannot run here; the message names the demand and why."""
-
-    def __init__(self, message: str, demanded: tuple[Kernel, ...] = (), setting: str = "", fix: str = "") -> None:
-        super().__init__(message + (f"; {fix}" if fix else ""))
-        self.demanded, self.setting, self.fix = demanded, setting, fix
-
-
-class KernelLoadError(RuntimeError):
-    """Raised by an op's adapter when the implementation's package is installed but does not load here."""
-
-
-# Entries that were found not to import in this process (``report_unusable``): (op, key) → why.
-_unusable: dict[tuple[str, str], str] = {}
-
-
-def report_unusable(op: str, key: str, why: str) -> None:
-    """The entry's package is installed but does not load here: pass it over from now on, in this process
-    (the op's call and ``resolve()`` then agree)."""
-    _unusable[(op, key)] = why
-    _select.cache_clear()
-
-
-def _machine_reason(kernel: Kernel, stack: Stack) -> str | None:
-    if kernel.requires and stack.version(kernel.requires) is None:
-        return f"{kernel.requires} is not installed"
-    if (kernel.op, kernel.key) in _unusable:
-        return f"{kernel.requires or kernel.key} does not load here ({_unusable[(kernel.op, kernel.key)]})"
-    return kernel.needs(stack)
-
-
-def select(op: str, call: Call, stack: Stack | None = None, force: str | None = None) -> Selection:
-    """The kernel ``op`` runs for ``call`` on ``stack`` (default: :func:`~.stack.detect_stack`).
-
-    ``force`` is a key the caller demands (a model's ``enable_fused_cross_entropy("liger")``), strict like
-    ``ZEBRA_GDN_BACKEND=fla``. Raises :class:`KernelUnavailable` when a strict demand cannot be met.
-    """
-    stack = detect_stack() if stack is None else stack
-    values = tuple(switch.value() if op in switch.ops else None for switch in SWITCHES)
-    return _select(op, call, stack, force, values, triton_interpreter_enabled())
-
-
-@functools.lru_cache(maxsize=4096)
-def _select(
-    op: str, call: Call, stack: Stack, force: str | None, values: tuple[str | None, ...], interpreter: bool
-) -> Selection:
-    """:func:`select` for one set of switch values (and Triton interpreter flag, which the entries read)."""
-    entries = sorted((k for k in KERNELS if k.op == op), key=lambda k: k.priority)
-    if not entries:
-        raise KeyError(f"no kernel registered for op {op!r}; ops: {', '.join(OPS)}")
-    unknown = sorted(set(call.facts) - FACTS[op])
-    if unknown:
-        declared = ", ".join(sorted(FACTS[op])) or "none"
-        raise ValueError(f"{op}: a call with unknown fact(s) {', '.join(unknown)} (its entries read: {declared})")
-    if force is not None and force not in {k.key for k in entries}:
-        raise ValueError(f"{op}: {force!r} is not one of {', '.join(k.key for k in entries)}")
-    facts = call.facts
-    forced: set[str] = set()
-    strict: list[tuple[str, str]] = []  # (setting, fix)
-    left_out: dict[str, str] = {}
-    for switch, value in zip(SWITCHES, values, strict=True):
-        if value is None or not switch.applies(facts):
-            continue
-        setting = switch.values[value]
-        for kernel in entries:
-            if not _governed(switch, kernel) or setting.allows is None:
-                continue
-            named = kernel.key in setting.allows or kernel.family in setting.allows
-            if not named:
-                left_out[kernel.key] = f"{switch.env_var}={value}"
-            elif setting.forces:
-                forced.add(kernel.key)
-        if setting.strict:
-            strict.append((f"{switch.env_var}={value}", switch.fix))
-    if force is not None:
-        forced, strict = {force}, [(f"{op}: {force} demanded", "")]
-        left_out = {k.key: strict[0][0] for k in entries if k.key != force}
-
-    passed_over: list[tuple[Kernel, str]] = []
-    missing = None
-    for kernel in entries:
-        why = left_out.get(kernel.key)
-        if why is None:
-            machine = _machine_reason(kernel, stack)
-            fit = kernel.fits(call)
-            why = machine or fit or (None if kernel.key in forced else kernel.auto(call))
-            if machine and not fit and missing is None and kernel.missing_warning and kernel.auto(call) is None:
-                missing = kernel
-        if why is None:
-            reason = _reason(kernel, stack, passed_over, forced, strict)
-            return Selection(kernel, reason, tuple(passed_over), missing)
-        passed_over.append((kernel, why))
-    if strict:
-        setting, fix = strict[0]
-        demanded = tuple(k for k, _ in passed_over if k.key in forced)
-        reasons = "; ".join(why for k, why in passed_over if k.key in forced)
-        raise KernelUnavailable(f"{setting} but {op} cannot run it {_where(call)}: {reasons}", demanded, setting, fix)
-    raise KernelUnavailable(
-        f"{op}: no kernel takes {_where(call)}: " + "; ".join(f"{k.key}: {w}" for k, w in passed_over)
-    )
-
-
-def _governed(switch: Switch, kernel: Kernel) -> bool:
-    return kernel.op in switch.ops and (kernel.key in switch.governs or kernel.family in switch.governs)
-
-
-def _where(call: Call) -> str:
-    return f"on {call.device_type} inputs" + (f" ({call.dtype})" if call.dtype is not None else "")
-
-
-def _reason(
-    kernel: Kernel,
-    stack: Stack,
-    passed_over: list[tuple[Kernel, str]],
-    forced: set[str],
-    strict: list[tuple[str, str]],
-) -> str:
-    """Why this entry runs: the switch that forced it, else its own reason, else what passed the first choice over."""
-    own = kernel.because(stack)
-    if kernel.key in forced:
-        setting = strict[0][0] if strict else next(iter(_forcing_switches(kernel)), "forced")
-        return f"{setting}: {own}" if own else setting
-    return own or (passed_over[0][1] if passed_over else "")
-
-
-def _forcing_switches(kernel: Kernel) -> list[str]:
-    return [
-        f"{switch.env_var}={switch.value()}"
-        for switch in SWITCHES
-        if _governed(switch, kernel) and switch.values[switch.value()].forces
-    ]
-
-
-def run(op: str, call: Call, implementations: Mapping[str, Callable], *args, force: str | None = None, **kwargs):
-    """Run ``op``'s kernel for ``call``: :func:`select`, then the op's function for the chosen key.
-
-    An entry passed over only because its package is missing warns once (fla on a GPU); an adapter that
-    finds its package installed but not loading raises :class:`KernelLoadError`, and the next entry runs
-    (the entry stays passed over in this process, so ``resolve()`` says the same from then on).
-    """
-    while True:
-        selection = select(op, call, force=force)
-        if selection.missing is not None:
-            emit_once(selection.missing.missing_warning, missing_message(selection.missing), logger.warning)
-        try:
-            return implementations[selection.kernel.key](*args, **kwargs)
-        except KernelLoadError as error:
-            report_unusable(op, selection.kernel.key, str(error))
-
-
-def packed_attention_kernel(attn_implementation: str | None, device_type: str) -> str:
-    """What MLA attention runs on for packed rows (``attention_policy`` names the kernels), for the model's
-    ``attn_implementation`` and the device type of its tensors (``"cuda"`` also on ROCm).
-
-    >>> packed_attention_kernel("flash_attention_2", "cuda"), packed_attention_kernel("eager", "cpu")
-    ('flash_varlen', 'dense_mask')
-    >>> packed_attention_kernel("sdpa", "cuda"), packed_attention_kernel("sdpa", "cpu")
-    ('flex_block_mask', 'sdpa_per_segment')
-    """
-    return select(ATTENTION, Call.on(device_type, attn_implementation=attn_implementation)).kernel.key
-
-
-def fla_missing_message() -> str:
-    return (
-        f"fla (pip fla-core) is missing or does not import on this GPU machine: the GDN layers run the PyTorch "
-        f"path ({TORCH_GDN_GPU_COST}); install it: {FLA_INSTALL}"
-    )
-
-
-def missing_message(kernel: Kernel) -> str:
-    """The warning for an entry passed over only because its package is missing (one kind so far: fla)."""
-    return {FLA_MISSING: fla_missing_message}[kernel.missing_warning]()
-
-
-_emitted: set[str] = set()
-
-
-def emit_once(key: str, message: str, emit: Callable[[str], None]) -> bool:
-    """Emit ``message`` the first time ``key`` is seen in this process (entry points and ops share it)."""
-    if key in _emitted:
-        return False
-    _emitted.add(key)
-    emit(message)
-    return True
+def code(module: str, function: str | None = None, **entry_points: str) -> Mapping[str, str]:
+    """An entry's :attr:`Kernel.code`: ``function`` of ``module`` for an op with one entry point, else a function
+    per entry point (a ``module:function`` value names one of another module)."""
+    functions = {RUN: function} if function else entry_points
+    return {point: name if ":" in name else f"{module}:{name}" for point, name in functions.items()}
 
 
 def implementations(op: str) -> tuple[str, ...]:
-    """The keys of ``op``'s entries, by priority (what its IMPLEMENTATIONS table must map)."""
+    """The keys of ``op``'s entries, by priority."""
     return tuple(k.key for k in sorted((k for k in KERNELS if k.op == op), key=lambda k: k.priority))
 
 
@@ -325,15 +155,15 @@ def _fla_because(stack: Stack) -> str:
     return f"{installed} on {stack.device.upper()}"
 
 
-def _triton(op: Op, family: Family, label: str, requires: str, **predicates) -> Kernel:
-    """A Triton entry (fla's, Liger's): first choice for GPU tensors; CPU ones only when demanded, under
-    Triton's interpreter."""
-    predicates = {"needs": _triton_needs, "fits": _triton_fits} | predicates
-    return Kernel(op, Key(family.value), label, family, 0, requires=requires, auto=_gpu_call, **predicates)
+def _triton(op: Op, family: Family, label: str, requires: str, **more) -> Kernel:
+    """A Triton entry (fla's, Liger's), keyed by its family: first choice for GPU tensors; CPU ones only when
+    demanded, under Triton's interpreter."""
+    more = {"needs": _triton_needs, "fits": _triton_fits, "when": "GPU tensors"} | more
+    return Kernel(op, family.value, label, family, 0, requires=requires, auto=_gpu_call, **more)
 
 
-def _fla(op: Op, label: str) -> Kernel:
-    return _triton(op, FLA, label, "fla-core", because=_fla_because, missing_warning=FLA_MISSING)
+def _fla(op: Op, label: str, code: Mapping[str, str]) -> Kernel:
+    return _triton(op, FLA, label, "fla-core", because=_fla_because, missing_warning=FLA_MISSING, code=code)
 
 
 def _linux_compiler(stack: Stack) -> str | None:
@@ -377,8 +207,8 @@ def _bf16_dot_products(stack: Stack) -> str | None:
     return None if stack.cpu_bf16_dot_products else "this CPU has no bf16 dot products (AVX-512-BF16, AMX, Arm bf16)"
 
 
-def _cpp(op: Op, key: Key, label: str, priority: int, fits: Callable[[Call], str | None], **more) -> Kernel:
-    """An entry of the package's C++ CPU extension (``ops/cpu_extension.py``): built on first use with the
+def _cpp(op: Op, key: str, label: str, priority: int, fits: Callable[[Call], str | None], **more) -> Kernel:
+    """An entry of the package's C++ CPU extension (``ops/cpu/``): built on first use with the
     machine's compiler; a build that fails passes it over (``KernelLoadError``) with one warning."""
     return Kernel(
         op,
@@ -422,7 +252,7 @@ def _fused(wanted: bool) -> Callable[[Call], str | None]:
     return fits
 
 
-def _liger(op: Op, label: str) -> Kernel:
+def _liger(op: Op, label: str, code: Mapping[str, str]) -> Kernel:
     return _triton(
         op,
         Family.LIGER,
@@ -430,6 +260,8 @@ def _liger(op: Op, label: str) -> Kernel:
         "liger-kernel",
         fits=lambda call: _fused(True)(call) or _triton_fits(call),
         because=lambda stack: f"liger-kernel {stack.version('liger-kernel')}",
+        code=code,
+        when="GPU",
     )
 
 
@@ -448,57 +280,96 @@ FACTS: Mapping[Op, frozenset[Fact]] = {
     Op.DISTILLATION_LOSS: frozenset(),
 }
 
+# Where the entries' functions live (:func:`code`).
+GDN = "llamafactory_zebra.ops.gated_delta_rule"
+DISPATCH, IN_SLOTS = f"{GDN}.dispatch", f"{GDN}.in_slots"
+CONV_OP = "llamafactory_zebra.ops.causal_conv1d"
+NORM = "llamafactory_zebra.ops.gated_rms_norm"
+CPU = "llamafactory_zebra.ops.cpu"
+VLLM_LAYER = "llamafactory_zebra.serving.vllm.gdn"
+MLA = "llamafactory_zebra.layers.mla"
+LOSSES, KD_LOSSES = "llamafactory_zebra.loss", "llamafactory_zebra.distill.kd_loss"
+
 KERNELS: tuple[Kernel, ...] = (
     # Training / prefill: the chunked gated delta rule (ops/gated_delta_rule/dispatch.py).
-    _fla(GDN_CHUNK, "fla chunk_gated_delta_rule"),
-    Kernel(GDN_CHUNK, Key.TORCH_PARALLEL_COMPILED, "PyTorch chunked GDN (parallel-compiled)", TORCH, 1,
-           auto=lambda call: "opt-in (compiling costs tens of seconds per process)"),
-    Kernel(GDN_CHUNK, Key.TORCH_PARALLEL, "PyTorch chunked GDN (parallel)", TORCH, 2, auto=_gpu_call),
-    Kernel(GDN_CHUNK, Key.TORCH_CHUNK, "PyTorch chunked GDN (chunk)", TORCH, 3),
+    _fla(GDN_CHUNK, "fla chunk_gated_delta_rule", code(DISPATCH, "fla_chunk_gated_delta_rule")),
+    Kernel(GDN_CHUNK, "torch-parallel-compiled", "PyTorch chunked GDN (parallel-compiled)", TORCH, 1,
+           auto=lambda call: "opt-in (compiling costs tens of seconds per process)",
+           code=code(DISPATCH, "chunk_gated_delta_rule_parallel_compiled"), when="opt-in"),
+    Kernel(GDN_CHUNK, "torch-parallel", "PyTorch chunked GDN (parallel)", TORCH, 2, auto=_gpu_call,
+           code=code(f"{GDN}.chunk_parallel", "chunk_gated_delta_rule_parallel"), when="GPU tensors"),
+    Kernel(GDN_CHUNK, "torch-chunk", "PyTorch chunked GDN (chunk)", TORCH, 3,
+           code=code(f"{GDN}.chunk", "chunk_gated_delta_rule_torch")),
     # Decoding a few tokens (HF generate): the token-by-token rule.
-    _fla(GDN_RECURRENT, "fla fused_recurrent_gated_delta_rule"),
-    Kernel(GDN_RECURRENT, Key.TORCH, "PyTorch recurrent GDN", TORCH, 1),
+    _fla(GDN_RECURRENT, "fla fused_recurrent_gated_delta_rule",
+         code(DISPATCH, "fla_fused_recurrent_gated_delta_rule")),
+    Kernel(GDN_RECURRENT, "torch", "PyTorch recurrent GDN", TORCH, 1,
+           code=code(f"{GDN}.fused_recurrent", "fused_recurrent_gated_delta_rule_torch")),
     # GDN's short convolution, whole sequences and decode steps (ops/causal_conv1d.py).
-    _fla(CONV, "fla causal_conv1d"),
-    Kernel(CONV, Key.TORCH, "PyTorch causal conv", TORCH, 1),
+    _fla(CONV, "fla causal_conv1d", code(CONV_OP, sequence="_causal_conv1d_fla", step="_causal_conv1d_update_fla")),
+    Kernel(CONV, "torch", "PyTorch causal conv", TORCH, 1,
+           code=code(CONV_OP, sequence="_causal_conv1d_torch", step="_causal_conv1d_update_torch")),
     # Serving (vLLM) prompt chunks on state slots (ops/gated_delta_rule/in_slots.py, chunk_prefill.py): bf16 GEMM
     # operands for bf16 inputs on a CPU with bf16 dot products, as fla feeds its dot products on a GPU.
-    _fla(GDN_PREFILL_IN_SLOTS, "fla chunk_gated_delta_rule on gathered slots"),
-    _cpp(GDN_PREFILL_IN_SLOTS, Key.CPP_BF16_GEMM, "C++ prefill on the slots (cpu_prefill.cpp), bf16 GEMM operands", 1,
+    _fla(GDN_PREFILL_IN_SLOTS, "fla chunk_gated_delta_rule on gathered slots", code(IN_SLOTS, "_prefill_fla")),
+    _cpp(GDN_PREFILL_IN_SLOTS, "cpp-bf16-gemm", "C++ prefill on the slots (cpu_prefill.cpp), bf16 GEMM operands", 1,
          lambda call: _cpu_prefill_fits(call) or _bf16_gemm_fits(call),
          needs=lambda stack: _linux_compiler(stack) or _bf16_dot_products(stack),
-         because=lambda stack: f"bf16 inputs on a CPU with bf16 dot products, built with {stack.compiler}"),
-    _cpp(GDN_PREFILL_IN_SLOTS, Key.CPP, "C++ prefill on the slots (cpu_prefill.cpp)", 2, _cpu_prefill_fits),
-    Kernel(GDN_PREFILL_IN_SLOTS, Key.TORCH_BF16_GEMM, "PyTorch prefill on the slots, bf16 GEMM operands", TORCH, 3,
+         because=lambda stack: f"bf16 inputs on a CPU with bf16 dot products, built with {stack.compiler}",
+         code=code(IN_SLOTS, "prefill_cpp_bf16_gemm"),
+         when="bf16 inputs, fp32 state, a CPU with bf16 dot products, Linux, a C++ compiler"),
+    _cpp(GDN_PREFILL_IN_SLOTS, "cpp", "C++ prefill on the slots (cpu_prefill.cpp)", 2, _cpu_prefill_fits,
+         code=code(IN_SLOTS, "prefill_cpp"), when="bf16 or fp32 inputs, fp32 state"),
+    Kernel(GDN_PREFILL_IN_SLOTS, "torch-bf16-gemm", "PyTorch prefill on the slots, bf16 GEMM operands", TORCH, 3,
            needs=_bf16_dot_products, fits=_bf16_gemm_fits,
-           because=lambda stack: "bf16 inputs on a CPU with bf16 dot products"),
-    Kernel(GDN_PREFILL_IN_SLOTS, Key.TORCH, "PyTorch prefill on the slots (chunk_prefill.py)", TORCH, 4),
+           because=lambda stack: "bf16 inputs on a CPU with bf16 dot products",
+           code=code(IN_SLOTS, "prefill_torch_bf16_gemm"), when="bf16 inputs, a CPU with bf16 dot products"),
+    Kernel(GDN_PREFILL_IN_SLOTS, "torch", "PyTorch prefill on the slots (chunk_prefill.py)", TORCH, 4,
+           code=code(f"{GDN}.chunk_prefill", "chunk_gated_delta_rule_prefill")),
     # Serving decode tokens on state slots.
-    _fla(GDN_DECODE_STEP, "fla fused_recurrent_gated_delta_rule on gathered slots"),
-    _cpp(GDN_DECODE_STEP, Key.CPP, "C++ decode step in place (cpu_step.cpp)", 1, _cpu_step_fits),
-    Kernel(GDN_DECODE_STEP, Key.TORCH, "PyTorch decode step in place", TORCH, 2),
+    _fla(GDN_DECODE_STEP, "fla fused_recurrent_gated_delta_rule on gathered slots", code(IN_SLOTS, "_step_fla")),
+    _cpp(GDN_DECODE_STEP, "cpp", "C++ decode step in place (cpu_step.cpp)", 1, _cpu_step_fits,
+         code=code(f"{CPU}.cpu_step", "cpu_step_in_slots"),
+         when="bf16 or fp32 inputs, fp32 or bf16 state, Linux, a C++ compiler"),
+    Kernel(GDN_DECODE_STEP, "torch", "PyTorch decode step in place", TORCH, 2, code=code(IN_SLOTS, "_step_torch")),
     # Serving's conv on state slots (serving/vllm/gdn.py): vLLM's C++ conv, else this package's conv op.
-    Kernel(CONV_IN_SLOTS, Key.VLLM_CPP, "vLLM's C++ causal conv (causal_conv1d_*_cpu)", VLLM, 0,
+    Kernel(CONV_IN_SLOTS, "vllm-cpp", "vLLM's C++ causal conv (causal_conv1d_*_cpu)", VLLM, 0,
            requires="vllm", needs=_vllm_conv_needs, fits=_vllm_conv_fits,
            because=lambda stack: f"vllm {stack.version('vllm')} on a CPU with bf16 dot products, bf16 inputs, "
-                                 "width 4"),
-    Kernel(CONV_IN_SLOTS, Key.CONV_OP, "the conv op on the slots (fla on GPUs, PyTorch elsewhere)", TORCH, 1),
+                                 "width 4",
+           code=code(VLLM_LAYER, step="_vllm_conv_step", prefill="_vllm_conv_prefill"),
+           when="vLLM's CPU platform, bf16, width 4, bf16 dot products"),
+    Kernel(CONV_IN_SLOTS, "conv-op", "the conv op on the slots (fla on GPUs, PyTorch elsewhere)", TORCH, 1,
+           code=code(VLLM_LAYER, step=f"{CONV_OP}:causal_conv1d_update_in_slots", prefill="_conv_op_prefill")),
     # The gated RMSNorm closing a GDN layer (ops/gated_rms_norm.py; the vLLM layer on a GPU runs vLLM's own).
-    _cpp(GATED_NORM, Key.CPP, "C++ one-pass gated RMSNorm (gated_rms_norm.cpp)", 0,
-         lambda call: _cpu_inference(call) or (None if call.fact(Fact.SAME_GATE) else "a gate of another dtype")),
-    Kernel(GATED_NORM, Key.TORCH, "PyTorch gated RMSNorm", TORCH, 1),
-    # MLA over packed rows (layers/mla.py), named as attention_policy.py names them.
-    Kernel(ATTENTION, Key.FLASH_VARLEN, "FlashAttention varlen", FLASH_ATTN, 0,
-           fits=_attention(*FLASH_ATTENTION_BACKENDS)),
-    Kernel(ATTENTION, Key.FLEX_BLOCK_MASK, "flex_attention on the samples' borders", Family.FLEX, 1,
-           fits=_attention(SDPA), auto=_gpu_call),
-    Kernel(ATTENTION, Key.SDPA_PER_SEGMENT, "one sdpa call per sample", Family.SDPA, 2, fits=_attention(SDPA)),
-    Kernel(ATTENTION, Key.DENSE_MASK, "a dense block-causal mask", Family.DENSE, 3),
+    _cpp(GATED_NORM, "cpp", "C++ one-pass gated RMSNorm (gated_rms_norm.cpp)", 0,
+         lambda call: _cpu_inference(call) or (None if call.fact(Fact.SAME_GATE) else "a gate of another dtype"),
+         code=code(f"{CPU}.gated_rms_norm", "cpu_gated_rms_norm"), when="CPU, bf16 or fp32, no gradient"),
+    Kernel(GATED_NORM, "torch", "PyTorch gated RMSNorm", TORCH, 1, code=code(NORM, "gated_rms_norm_reference")),
+    # MLA over packed rows (layers/mla.py), named as attention_policy.py names them; the dense mask is the model's
+    # own attention function with a [B, 1, T, T] mask (no code of its own).
+    Kernel(ATTENTION, "flash_varlen", "FlashAttention varlen", FLASH_ATTN, 0,
+           fits=_attention(*FLASH_ATTENTION_BACKENDS), code=code(MLA, "flash_attention_forward"),
+           when="`flash_attention_2/3`"),
+    Kernel(ATTENTION, "flex_block_mask", "flex_attention on the samples' borders", Family.FLEX, 1,
+           fits=_attention(SDPA), auto=_gpu_call, code=code(MLA, "flex_sdpa_attention"), when="sdpa, GPU tensors"),
+    Kernel(ATTENTION, "sdpa_per_segment", "one sdpa call per sample", Family.SDPA, 2, fits=_attention(SDPA),
+           code=code(MLA, "per_segment_sdpa_attention"), when="sdpa"),
+    Kernel(ATTENTION, "dense_mask", "a dense block-causal mask", Family.DENSE, 3),
     # The training loss from hidden states (loss.py); ``fused`` is LLaMA-Factory's enable_liger_kernel.
-    _liger(LOSS, "Liger fused linear CE"),
-    Kernel(LOSS, Key.CHUNKED, "chunked PyTorch CE", Family.CHUNKED, 1, fits=_fused(True)),
-    Kernel(LOSS, Key.LOGITS, "full-logit cross-entropy", Family.LOGITS, 2, fits=_fused(False)),
+    _liger(LOSS, "Liger fused linear CE", code(LOSSES, "liger_linear_cross_entropy_sum")),
+    Kernel(LOSS, "chunked", "chunked PyTorch CE", Family.CHUNKED, 1, fits=_fused(True),
+           code=code(LOSSES, "chunked_linear_cross_entropy_sum")),
+    Kernel(LOSS, "logits", "full-logit cross-entropy", Family.LOGITS, 2, fits=_fused(False),
+           code=code(LOSSES, "logits_cross_entropy_sum"), when="`enable_liger_kernel: false`"),
     # Logit distillation (distill/kd_loss.py).
-    _liger(DISTILLATION_LOSS, "Liger fused linear JSD"),
-    Kernel(DISTILLATION_LOSS, Key.CHUNKED, "chunked PyTorch KL", Family.CHUNKED, 1),
+    _liger(DISTILLATION_LOSS, "Liger fused linear JSD", code(KD_LOSSES, "_liger_kd_loss_sums")),
+    Kernel(DISTILLATION_LOSS, "chunked", "chunked PyTorch KL", Family.CHUNKED, 1,
+           code=code(KD_LOSSES, "_chunked_kd_loss_sums")),
 )  # fmt: skip
+
+# Each entry key as a member (``Key.TORCH_CHUNK == "torch-chunk"``), for the switches, the losses, the model and
+# the vLLM layer: derived from the rows, so a key is spelled in its row only.
+Key = Name("Key", {kernel.key.upper().replace("-", "_"): kernel.key for kernel in KERNELS})
+# The attention entries that take the samples' borders (``cu_seq_lens_q/k``) instead of a mask.
+BORDER_KERNELS = (Key.FLASH_VARLEN, Key.FLEX_BLOCK_MASK, Key.SDPA_PER_SEGMENT)

@@ -1,6 +1,6 @@
 """What each op of a Zebra run will call on a given machine, why, and what must stop the run.
 
-``resolve()`` asks the registry (``registry.select``, the function the ops themselves call) with the call
+``resolve()`` asks the registry (``decider.select``, the function the ops themselves call) with the call
 a run of the recipe makes on that machine — bf16 inputs on its GPU (on its CPU without one), the
 attention implementation LLaMA-Factory gives the model, the loss ``enable_liger_kernel`` asks for — and
 adds the known issues (``known_issues.py``) that apply. ``llamafactory-cli train`` resolves before the
@@ -18,6 +18,7 @@ import torch
 
 from ..attention_policy import FLASH_ATTENTION_2, SDPA
 from ..kernel_names import Fact, Family
+from .decider import KernelUnavailable, Selection, missing_message, select
 from .known_issues import FORWARD, KNOWN_ISSUES, PASSES, KnownIssue
 from .registry import (
     ATTENTION,
@@ -32,10 +33,6 @@ from .registry import (
     GDN_RECURRENT,
     LOSS,
     Call,
-    KernelUnavailable,
-    Selection,
-    missing_message,
-    select,
 )
 from .stack import Stack
 
@@ -58,7 +55,7 @@ class Choice:
     kernel: str  # what it runs (the registry entry's label)
     family: str  # registry.FAMILIES
     reason: str
-    key: str = ""  # the registry entry's key: what the op's IMPLEMENTATIONS table runs
+    key: str = ""  # the registry entry's key
     passed_over: tuple[tuple[str, str], ...] = field(default=())  # (key, why) of the entries before it
 
 

@@ -179,7 +179,7 @@ def _cpu_features() -> frozenset[str]:
 @functools.cache
 def cpu_identity() -> str:
     """This CPU's architecture, model and instruction-set flags (``/proc/cpuinfo`` on Linux): what a binary
-    compiled with ``-march=native`` depends on (``ops/cpu_extension.py`` names its build after it)."""
+    compiled with ``-march=native`` depends on (``ops/cpu/build.py`` names its build after it)."""
     try:
         lines = open("/proc/cpuinfo").read().splitlines()
     except OSError:

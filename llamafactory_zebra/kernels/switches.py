@@ -1,5 +1,5 @@
 """The environment switches kernel choice reads, as data: which variable, its values, and what each value
-does to which registry entries (``registry.py`` applies them; ``doctor`` names the one that decided).
+does to which registry entries (``decider.py`` applies them; ``doctor`` names the one that decided).
 
 A value *allows* a set of the governed entries (by key or family; the others are left out), may *force*
 them (they run even where the automatic rule would not pick them, e.g. the GPU-shaped PyTorch GDN on a
@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..attention_policy import SDPA
-from ..kernel_names import Fact, Family, Key, Op
+from ..kernel_names import Fact, Family, Op
+from .registry import TRITON_INTERPRET_ENV_VAR, Key
 
 AUTO = "auto"
-TRITON_INTERPRET_ENV_VAR = "TRITON_INTERPRET"
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ TORCH_CHUNK = Switch(
     doc="the PyTorch GDN formulation: auto (parallel on GPUs, chunk elsewhere), chunk, parallel, parallel-compiled",
 )
 
-# The package's C++ CPU kernels for inference (``ops/cpu_extension.py``: serving's GDN decode step and prompt
+# The package's C++ CPU kernels for inference (``ops/cpu/``: serving's GDN decode step and prompt
 # chunks, the gated RMSNorm): ``auto`` builds them on first use and runs them where they fit, ``torch`` keeps
 # their PyTorch paths.
 CPU_KERNELS_ENV_VAR = "ZEBRA_CPU_KERNELS"
@@ -115,8 +115,3 @@ PACKED_SDPA = Switch(
 )
 
 SWITCHES: tuple[Switch, ...] = (GDN_BACKEND, TORCH_CHUNK, CPU_KERNELS, PACKED_SDPA)
-
-
-def triton_interpreter_enabled() -> bool:
-    """Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, as triton itself parses it)."""
-    return os.environ.get(TRITON_INTERPRET_ENV_VAR, "0").strip().lower() in ("1", "true", "on", "yes")

@@ -58,16 +58,9 @@ from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
-from ..attention_policy import (
-    EAGER,
-    FLASH_ATTENTION_BACKENDS,
-    PACKED_DENSE_MASK,
-    PACKED_FLASH_VARLEN,
-    PACKED_FLEX,
-    PACKED_PER_SEGMENT_SDPA,
-)
+from ..attention_policy import EAGER, FLASH_ATTENTION_BACKENDS
 from ..configuration_zebra import MLA_NORM_LORA, MLA_NORM_QK_HEAD, ZebraConfig
-from ..kernels import packed_attention_kernel
+from ..kernels import packed_attention_function
 from ..ops.packed_attention import flex_packed_attention, per_segment_sdpa
 from ..parallel.attention import ulysses_attention
 from ..parallel.context import SequenceParallelContext
@@ -172,16 +165,6 @@ def _per_segment(query, key, value, cu_seqlens, scale, dropout):
 # Packed rows through ``flex_attention`` with a block mask, or as one causal sdpa call per sample.
 flex_sdpa_attention = _on_the_borders(_flex_without_dropout)
 per_segment_sdpa_attention = _on_the_borders(_per_segment)
-
-
-# The registry's ``attention`` keys → the function a packed row's attention calls (the dense mask: the
-# model's own attention function, :func:`expanded_attention_kernel`).
-PACKED_ATTENTION_FUNCTIONS: dict[str, Callable | None] = {
-    PACKED_FLASH_VARLEN: flash_attention_forward,
-    PACKED_FLEX: flex_sdpa_attention,
-    PACKED_PER_SEGMENT_SDPA: per_segment_sdpa_attention,
-    PACKED_DENSE_MASK: None,
-}
 
 
 class ZebraMLA(nn.Module):
@@ -387,14 +370,14 @@ def expanded_attention_kernel(
     module: ZebraMLA, packed: bool, query: torch.Tensor, output_attentions: bool = False
 ) -> Callable:
     """The kernel that attends over expanded keys and values for this call: for packed rows the kernel
-    registry's choice (``kernels.packed_attention_kernel``: FlashAttention varlen, flex or per-sample sdpa
+    registry's choice (``kernels.packed_attention_function``: FlashAttention varlen, flex or per-sample sdpa
     on the samples' borders, or the dense mask with the model's own function), else eager, then — for a call
     that asks for the attention maps — :func:`eager_attention_for_maps`, else FlashAttention or transformers'
     registered function for the model's ``attn_implementation``. (Packed rows that ask for the maps reach
     this function unpacked: the model hands them the dense block-causal mask instead of the borders.)"""
     implementation = module.config._attn_implementation
     if packed:
-        function = PACKED_ATTENTION_FUNCTIONS[packed_attention_kernel(implementation, query.device.type)]
+        function = packed_attention_function(implementation, query.device.type)
         if function is not None:
             return function
     if implementation in (None, EAGER):

@@ -2,8 +2,8 @@
 
 ``torch.nn.functional.conv1d`` neither resets at packed-sample borders nor carries a decode state, and
 fla's ``causal_conv1d`` needs a GPU; this is the PyTorch path with fla's contract, and fla's kernel where
-the kernel registry (``kernels/registry.py``, op ``conv``) chooses it: :data:`SEQUENCE_IMPLEMENTATIONS` and
-:data:`STEP_IMPLEMENTATIONS` map its keys to the functions.
+the kernel registry (``kernels/registry.py``, op ``conv``) chooses it: its entries name the function for whole
+sequences (entry point ``sequence``) and for decode steps (``step``).
 
 State layout (fla's ``fla.modules.causal_conv1d`` / formerly ``fla.modules.convolution``): a
 ``[N, D, W]`` tensor holding the last ``W`` inputs of each sequence, oldest first, newest at
@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernel_names import Key
 from ..kernels import CONV, Call, run
 from .backend import fla_function
 from .recompute import recomputed
@@ -82,7 +81,6 @@ def causal_conv1d(
     return run(
         CONV,
         Call.of(x),
-        SEQUENCE_IMPLEMENTATIONS,
         x,
         weight,
         bias,
@@ -90,6 +88,7 @@ def causal_conv1d(
         initial_state,
         output_final_state,
         cu_seqlens,
+        entry_point="sequence",
     )
 
 
@@ -180,7 +179,7 @@ def causal_conv1d_update(
         got = tuple(conv_state.shape) if isinstance(conv_state, torch.Tensor) else type(conv_state).__name__
         raise ValueError(f"conv_state must have shape [N, D, W] = {expected}, got {got}.")
 
-    return run(CONV, Call.of(x), STEP_IMPLEMENTATIONS, x, conv_state, weight, bias, activation)
+    return run(CONV, Call.of(x), x, conv_state, weight, bias, activation, entry_point="step")
 
 
 def _causal_conv1d_update_fla(x, conv_state, weight, bias, activation):
@@ -197,11 +196,6 @@ def _causal_conv1d_update_torch(x, conv_state, weight, bias, activation):
         y = y + bias.to(dtype)
     conv_state.copy_(window)
     return _activate(y, activation).view(x.shape).to(x.dtype), conv_state
-
-
-# The registry's keys → the functions, for whole sequences and for decode steps (op ``conv``).
-SEQUENCE_IMPLEMENTATIONS = {Key.FLA: _causal_conv1d_fla, Key.TORCH: _causal_conv1d_torch}
-STEP_IMPLEMENTATIONS = {Key.FLA: _causal_conv1d_update_fla, Key.TORCH: _causal_conv1d_update_torch}
 
 
 def causal_conv1d_in_slots(

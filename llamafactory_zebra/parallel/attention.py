@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from ..attention_policy import BORDER_KERNELS, SEQUENCE_PARALLEL_ATTENTION
-from ..kernels import packed_attention_kernel
+from ..attention_policy import SEQUENCE_PARALLEL_ATTENTION
+from ..kernels import BORDER_KERNELS, packed_attention_kernel
 from ..packing import block_causal_mask, flash_varlen_kwargs
 from .collectives import all_to_all
 

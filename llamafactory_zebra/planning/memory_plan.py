@@ -12,10 +12,10 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..attention_policy import FLASH_ATTENTION_2, PACKED_DENSE_MASK, SDPA
+from ..attention_policy import FLASH_ATTENTION_2, SDPA
 from ..configuration_zebra import ZebraConfig
 from ..hparams import check_sequence_parallel_size
-from ..kernels import packed_attention_kernel
+from ..kernels import Key, packed_attention_kernel
 from ..kernels.registry import FLA
 from ..loss import LIGER, LOGITS
 from .activations import ActivationEstimate, Kernels, activation_estimate, inference_cache_bytes, loss_memory
@@ -142,7 +142,7 @@ def make_plan(setup: TrainingSetup) -> MemoryPlan:
         setup.config, tokens, setup.act_bytes, kernels, setup.gradient_checkpointing, setup.checkpoints_on_cpu
     )
     # The planner models a GPU: there packed sdpa rows run flex_attention on their borders, no mask.
-    dense_mask = packed_attention_kernel(setup.attention, "cuda") == PACKED_DENSE_MASK
+    dense_mask = packed_attention_kernel(setup.attention, "cuda") == Key.DENSE_MASK
     mask = setup.micro_batch * setup.cutoff_len**2 if setup.packing and dense_mask else 0
 
     def logits_peak(loss: str) -> float:
@@ -213,7 +213,7 @@ CHANGES: tuple[Change, ...] = (
     Change(
         "flash_attn: fa2 (packed batches then need no T×T mask)",
         _when(
-            lambda s: s.packing and packed_attention_kernel(s.attention, "cuda") == PACKED_DENSE_MASK,
+            lambda s: s.packing and packed_attention_kernel(s.attention, "cuda") == Key.DENSE_MASK,
             attention=FLASH_ATTENTION_2,
         ),
     ),

@@ -1,6 +1,7 @@
 from types import SimpleNamespace
 
 import pytest
+from training_runs import training_run
 
 from llamafactory_zebra.hparams import pop_zebra_arguments
 from llamafactory_zebra.integration.tiled_mlp import check_tiled_mlp_setup
@@ -26,13 +27,11 @@ def test_tiled_mlp_key_rejects_non_booleans():
 def test_tiled_mlp_refuses_plain_ddp_and_other_models(tmp_path, tiny_model_dir):
     zebra = tiny_model_dir
     with pytest.raises(ValueError, match="needs DeepSpeed"):
-        check_tiled_mlp_setup(
-            SimpleNamespace(model_name_or_path=str(zebra)), SimpleNamespace(world_size=2, deepspeed=None)
-        )
-    check_tiled_mlp_setup(
-        SimpleNamespace(model_name_or_path=str(zebra)), SimpleNamespace(world_size=2, deepspeed="ds.json")
-    )
+        check_tiled_mlp_setup(_run(zebra, world_size=2, deepspeed=None))
+    check_tiled_mlp_setup(_run(zebra, world_size=2, deepspeed="ds.json"))
     with pytest.raises(ValueError, match="implemented for Zebra models"):
-        check_tiled_mlp_setup(
-            SimpleNamespace(model_name_or_path=str(tmp_path)), SimpleNamespace(world_size=1, deepspeed=None)
-        )
+        check_tiled_mlp_setup(_run(tmp_path, world_size=1, deepspeed=None))
+
+
+def _run(model_path, **training):
+    return training_run(SimpleNamespace(model_name_or_path=str(model_path)), training=SimpleNamespace(**training))

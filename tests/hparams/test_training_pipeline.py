@@ -3,15 +3,16 @@ an upstream argument a named step that says why."""
 
 import types
 
-from llamafactory_zebra.hparams import RunArguments, ZebraArguments
+from training_runs import training_run
+
 from llamafactory_zebra.integration.guards import keep_packing_masks_2d
-from llamafactory_zebra.integration.steps import TrainingRun, run_steps
+from llamafactory_zebra.integration.steps import run_steps
 from llamafactory_zebra.integration.training import TRAINING_STEPS
 
 
 def _run(config, **model):
     model_args = types.SimpleNamespace(block_diag_attn=True, **model)
-    return TrainingRun(RunArguments(model_args, None, None, None, None, ZebraArguments()), config, "t.yaml", None)
+    return training_run(model_args, config=config)
 
 
 def test_every_step_says_why_and_the_overrides_are_named():

@@ -10,6 +10,7 @@ import pytest
 import torch
 from llamafactory_cli import free_port
 from repo_paths import REPO
+from training_runs import training_run
 
 from llamafactory_zebra.configuration_zebra import ZebraConfig
 from llamafactory_zebra.integration.guards import MIN_WARMUP_STEPS, check_training_setup, training_steps
@@ -42,11 +43,16 @@ def _args(tmp_path, **training):
     return model_args, data_args, training_args, finetuning_args
 
 
+def _check(args, config=ZEBRA, arguments="the training arguments", **options):
+    """``check_training_setup`` on the run object the pipeline builds from these arguments."""
+    return check_training_setup(training_run(*args, config=config, source=arguments), **options)
+
+
 def test_fp16_is_refused_on_rocm_only(tmp_path):
     model_args, data_args, training_args, finetuning_args = _args(tmp_path, fp16=True)
     with pytest.raises(ValueError, match="bf16 only.*fp16: true"):
-        check_training_setup(model_args, data_args, training_args, finetuning_args, ZEBRA, is_rocm=True)
-    assert check_training_setup(model_args, data_args, training_args, finetuning_args, ZEBRA, is_rocm=False) == []
+        _check((model_args, data_args, training_args, finetuning_args), is_rocm=True)
+    assert _check((model_args, data_args, training_args, finetuning_args), is_rocm=False) == []
 
 
 def test_rocm_is_detected_from_the_torch_build(tmp_path, monkeypatch):
@@ -56,10 +62,10 @@ def test_rocm_is_detected_from_the_torch_build(tmp_path, monkeypatch):
 
     args = _args(tmp_path, fp16=True)
     monkeypatch.setattr(guards, "this_machine", lambda: Stack("cpu", toolkit="CUDA 13.0"))
-    assert check_training_setup(*args, ZEBRA) == []
+    assert _check(args) == []
     monkeypatch.setattr(guards, "this_machine", lambda: Stack("cpu", toolkit="ROCm 6.4.43482"))
     with pytest.raises(ValueError, match="bf16 only"):
-        check_training_setup(*args, ZEBRA)
+        _check(args)
 
 
 def test_fp16_in_the_deepspeed_json_is_refused_on_rocm(tmp_path):
@@ -69,26 +75,26 @@ def test_fp16_in_the_deepspeed_json_is_refused_on_rocm(tmp_path):
     (tmp_path / "ds.json").write_text(json.dumps(config))
     args = _args(tmp_path, fp16=True, deepspeed=str(tmp_path / "ds.json"))
     with pytest.raises(ValueError, match="fp16"):
-        check_training_setup(*args, ZEBRA, is_rocm=True)
+        _check(args, is_rocm=True)
 
 
 def test_bf16_on_rocm_passes(tmp_path):
-    assert check_training_setup(*_args(tmp_path, bf16=True), ZEBRA, is_rocm=True) == []
+    assert _check(_args(tmp_path, bf16=True), is_rocm=True) == []
 
 
 def test_warmup_ratio_that_leaves_almost_no_warmup_warns(tmp_path):
     args = _args(tmp_path, bf16=True, warmup_ratio=0.1, per_device_train_batch_size=2, num_train_epochs=1)
     # 40 packed 1M-token sequences, batch 2, one rank: 20 optimizer steps, ceil(2.0) = 2 warmup steps
-    (warning,) = check_training_setup(*args, ZEBRA, num_train_examples=40, is_rocm=True)
+    (warning,) = _check(args, num_train_examples=40, is_rocm=True)
     assert "2 warmup step(s) of 20" in warning and "warmup_steps" in warning
-    assert check_training_setup(*args, ZEBRA, num_train_examples=4000, is_rocm=True) == []
-    assert check_training_setup(*args, ZEBRA, is_rocm=True) == []  # steps unknown: nothing to check
+    assert _check(args, num_train_examples=4000, is_rocm=True) == []
+    assert _check(args, is_rocm=True) == []  # steps unknown: nothing to check
 
 
 def test_warmup_from_max_steps_and_absolute_warmup(tmp_path):
-    (warning,) = check_training_setup(*_args(tmp_path, warmup_ratio=0.05, max_steps=30), ZEBRA)
+    (warning,) = _check(_args(tmp_path, warmup_ratio=0.05, max_steps=30))
     assert "2 warmup step(s) of 30" in warning and str(MIN_WARMUP_STEPS) in warning
-    assert check_training_setup(*_args(tmp_path, warmup_steps=200, max_steps=30), ZEBRA) == []
+    assert _check(_args(tmp_path, warmup_steps=200, max_steps=30)) == []
 
 
 class _LengthOnly(torch.utils.data.Dataset):
@@ -131,16 +137,16 @@ def test_zero3_without_gathered_save_warns(tmp_path):
     del config["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"]
     (tmp_path / "empty_save.json").write_text(json.dumps(config))
 
-    (warning,) = check_training_setup(*_args(tmp_path, bf16=True, deepspeed=str(tmp_path / "empty_save.json")), ZEBRA)
+    (warning,) = _check(_args(tmp_path, bf16=True, deepspeed=str(tmp_path / "empty_save.json")))
     assert "stage3_gather_16bit_weights_on_model_save" in warning and "empty" in warning
-    assert check_training_setup(*_args(tmp_path, bf16=True, deepspeed=str(tmp_path / "ok.json")), ZEBRA) == []
+    assert _check(_args(tmp_path, bf16=True, deepspeed=str(tmp_path / "ok.json"))) == []
     z2 = os.path.join(REPO, "deepspeed_configs", "ds_z2_bf16.json")
-    assert check_training_setup(*_args(tmp_path, bf16=True, deepspeed=z2), ZEBRA) == []
+    assert _check(_args(tmp_path, bf16=True, deepspeed=z2)) == []
 
 
 def test_other_models_are_left_alone(tmp_path):
     args = _args(tmp_path, fp16=True, warmup_ratio=0.1, max_steps=5)
-    assert check_training_setup(*args, types.SimpleNamespace(model_type="qwen3"), is_rocm=True) == []
+    assert _check(args, types.SimpleNamespace(model_type="qwen3"), is_rocm=True) == []
 
 
 def _write_deepspeed(tmp_path, name, **changes):
@@ -204,7 +210,7 @@ def test_every_deepspeed_conflict_transformers_raises_at_trainer_start_is_refuse
     bf16 = next(line for line in lines if " bf16.enabled = " in line)
     assert "train.yaml sets bf16 (or bf16_full_eval): false" in bf16 and "`bf16: true` in train.yaml" in bf16
     with pytest.raises(ValueError, match=re.escape(f"{deepspeed} conflicts with train.yaml")):
-        check_training_setup(*_args(tmp_path, deepspeed=deepspeed), ZEBRA, arguments="train.yaml")
+        _check(_args(tmp_path, deepspeed=deepspeed), arguments="train.yaml")
 
 
 def test_auto_and_equal_values_pass_and_step_counts_wait_for_max_steps(tmp_path):
@@ -214,12 +220,12 @@ def test_auto_and_equal_values_pass_and_step_counts_wait_for_max_steps(tmp_path)
         tmp_path, "agree.json", gradient_clipping=1.0, train_micro_batch_size_per_gpu=2, bf16__enabled=False
     )
     args = _args(tmp_path, deepspeed=agreeing, per_device_train_batch_size=2)
-    assert check_training_setup(*args, ZEBRA) == []
+    assert _check(args) == []
     # Step counts: unknowable without max_steps (a warning), checked exactly with it.
     steps = _write_deepspeed(
         tmp_path, "steps.json", scheduler__type="WarmupDecayLR", scheduler__params__total_num_steps=40
     )
-    (warning, fixed) = check_training_setup(*_args(tmp_path, deepspeed=steps), ZEBRA, arguments="t.yaml")
+    (warning, fixed) = _check(_args(tmp_path, deepspeed=steps), arguments="t.yaml")
     assert '"scheduler" block (WarmupDecayLR)' in warning and "lr_scheduler_type" in warning
     assert "scheduler.params.total_num_steps" in fixed and "max_steps" in fixed
     _, _, with_steps, _ = _args(tmp_path, deepspeed=steps, max_steps=40)
@@ -232,8 +238,8 @@ def test_auto_and_equal_values_pass_and_step_counts_wait_for_max_steps(tmp_path)
 
 def test_fa3_is_refused_before_llamafactory_fails_at_model_load(tmp_path):
     with pytest.raises(ValueError, match="flash_attn: fa3 is not supported.*fa2"):
-        check_training_setup(*_args(tmp_path, flash_attn="fa3"), ZEBRA)
-    assert check_training_setup(*_args(tmp_path, flash_attn="sdpa"), ZEBRA) == []
+        _check(_args(tmp_path, flash_attn="fa3"))
+    assert _check(_args(tmp_path, flash_attn="sdpa")) == []
 
 
 PARSE_EVERY_PRESET = r"""

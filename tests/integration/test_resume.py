@@ -4,6 +4,7 @@ import json
 import types
 
 import pytest
+from training_runs import training_run
 
 from llamafactory_zebra.integration.resume import missing_files, resume_from_last_complete_checkpoint
 
@@ -37,14 +38,14 @@ def test_interrupted_save_never_replaces_the_last_complete_checkpoint(tmp_path):
     log = _Log()
     for chosen in ("checkpoint-8", "checkpoint-6"):
         args = types.SimpleNamespace(resume_from_checkpoint=str(tmp_path / chosen), world_size=2)
-        resume_from_last_complete_checkpoint(args, log)
+        resume_from_last_complete_checkpoint(training_run(training=args, logger=log))
         assert args.resume_from_checkpoint == str(four)
     assert (
         f"resuming from {four}, the last complete checkpoint" in log.lines[-1]
         and "trainer_state.json" in log.lines[-1]
     )
     complete = types.SimpleNamespace(resume_from_checkpoint=str(two), world_size=2)
-    resume_from_last_complete_checkpoint(complete, log)
+    resume_from_last_complete_checkpoint(training_run(training=complete, logger=log))
     assert complete.resume_from_checkpoint == str(two) and len(log.lines) == 2
 
 
@@ -52,7 +53,7 @@ def test_no_complete_checkpoint_to_fall_back_to_stops_the_run(tmp_path):
     _checkpoint(tmp_path, 2, state=False)
     args = types.SimpleNamespace(resume_from_checkpoint=str(tmp_path / "checkpoint-2"), world_size=2)
     with pytest.raises(ValueError, match="incomplete checkpoint.*missing trainer_state.json.*overwrite_output_dir"):
-        resume_from_last_complete_checkpoint(args, _Log())
+        resume_from_last_complete_checkpoint(training_run(training=args, logger=_Log()))
 
 
 def test_single_process_and_model_only_saves(tmp_path):

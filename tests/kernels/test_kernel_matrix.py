@@ -32,6 +32,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from llamafactory_zebra.kernels import (
     ATTENTION,
+    BORDER_KERNELS,
     CONV,
     DISTILLATION_LOSS,
     FAKE_STACK_ENV_VAR,
@@ -40,12 +41,14 @@ from llamafactory_zebra.kernels import (
     GDN_DECODE_STEP,
     GDN_PREFILL_IN_SLOTS,
     GDN_RECURRENT,
+    KERNELS,
     LOSS,
     Stack,
-    registry,
+    decider,
     resolve,
     this_machine,
 )
+from llamafactory_zebra.kernels.registry import RUN
 from llamafactory_zebra.ops import backend
 from llamafactory_zebra.ops.gated_delta_rule import dispatch, in_slots
 from llamafactory_zebra.testing.models import tiny_model
@@ -104,10 +107,10 @@ def machine(request, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setenv(FAKE_STACK_ENV_VAR, _as_json(MACHINES[request.param]))
     monkeypatch.setattr(backend, "fla_module", _fla_stand_in)
-    monkeypatch.setattr(registry, "_unusable", {})
-    registry._select.cache_clear()
+    monkeypatch.setattr(decider, "_unusable", {})
+    decider._select.cache_clear()
     yield MACHINES[request.param]
-    registry._select.cache_clear()
+    decider._select.cache_clear()
 
 
 def _fla_stand_in(module: str) -> types.ModuleType:
@@ -120,20 +123,25 @@ def doctor_row(stack: Stack, op: str, **settings) -> str:
     return resolve(stack, **PHASE_OF[op], **settings).choice(op).key
 
 
-def spies(monkeypatch, owner, table_name: str, call_through: bool, fake_output) -> list[str]:
-    """Replace every function of ``owner.<table_name>`` by a recorder of its key."""
+def spies(monkeypatch, op: str, call_through: bool, fake_output, entry_point: str = RUN) -> list[str]:
+    """Record the key of every entry of ``op`` the registry runs at ``entry_point`` (``decider.implementation``,
+    which ``run`` asks for the chosen entry's function)."""
     called: list[str] = []
-    table = getattr(owner, table_name)
+    implementation = decider.implementation
 
-    def spy(key, function):
+    def spied(kernel, point=RUN):
+        function = implementation(kernel, point)
+        if kernel.op != op or point != entry_point:
+            return function
+
         @functools.wraps(function)
         def recorded(*args, **kwargs):
-            called.append(key)
+            called.append(kernel.key)
             return function(*args, **kwargs) if call_through else fake_output(*args, **kwargs)
 
         return recorded
 
-    monkeypatch.setattr(owner, table_name, {key: spy(key, function) for key, function in table.items()})
+    monkeypatch.setattr(decider, "implementation", spied)
     return called
 
 
@@ -179,7 +187,7 @@ def _gdn_fake_output(q, k, v, g, beta, **options):
 
 
 def test_gdn_chunk(machine, monkeypatch):
-    called = spies(monkeypatch, dispatch, "CHUNK_IMPLEMENTATIONS", not machine.has_gpu, _gdn_fake_output)
+    called = spies(monkeypatch, GDN_CHUNK, not machine.has_gpu, _gdn_fake_output)
 
     def run(device):
         dispatch.chunk_gated_delta_rule(*_gdn_inputs(device), output_final_state=True)
@@ -189,7 +197,7 @@ def test_gdn_chunk(machine, monkeypatch):
 
 
 def test_gdn_recurrent(machine, monkeypatch):
-    called = spies(monkeypatch, dispatch, "RECURRENT_IMPLEMENTATIONS", not machine.has_gpu, _gdn_fake_output)
+    called = spies(monkeypatch, GDN_RECURRENT, not machine.has_gpu, _gdn_fake_output)
 
     def run(device):
         dispatch.fused_recurrent_gated_delta_rule(*_gdn_inputs(device, tokens=1), output_final_state=True)
@@ -199,12 +207,8 @@ def test_gdn_recurrent(machine, monkeypatch):
 
 
 def test_conv_over_sequences_and_decode_steps(machine, monkeypatch):
-    sequence = spies(
-        monkeypatch, conv_module, "SEQUENCE_IMPLEMENTATIONS", not machine.has_gpu, lambda x, *a: (x, None)
-    )
-    step = spies(
-        monkeypatch, conv_module, "STEP_IMPLEMENTATIONS", not machine.has_gpu, lambda x, state, *a: (x, state)
-    )
+    sequence = spies(monkeypatch, CONV, not machine.has_gpu, lambda x, *a: (x, None), entry_point="sequence")
+    step = spies(monkeypatch, CONV, not machine.has_gpu, lambda x, state, *a: (x, state), entry_point="step")
 
     def run(device):
         x, weight = torch.randn(1, 9, 8, device=device), torch.randn(8, 4, device=device)
@@ -220,13 +224,13 @@ def test_packed_attention(machine, implementation):
     """The function MLA's packed rows call, and whether the model hands them borders or a dense mask."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from llamafactory_zebra.attention_policy import BORDER_KERNELS
     from llamafactory_zebra.layers import mla
 
     model = tiny_model(dtype=torch.float32, attn_implementation=implementation)
     layer = next(layer.mla for layer in model.model.layers if hasattr(layer, "mla"))
     key = doctor_row(machine, ATTENTION, attn_implementation=implementation)
-    expected = mla.PACKED_ATTENTION_FUNCTIONS[key]
+    kernel = next(k for k in KERNELS if k.op == ATTENTION and k.key == key)
+    expected = kernel.function() if kernel.code else None
     if expected is None:  # the dense mask: the model's own attention function reads it
         expected = (
             mla.eager_attention_forward if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
@@ -234,7 +238,7 @@ def test_packed_attention(machine, implementation):
 
     def run(device):
         query = torch.empty(1, 4, 8, 32, device=device)
-        borders = registry.packed_attention_kernel(implementation, query.device.type) in BORDER_KERNELS
+        borders = decider.packed_attention_kernel(implementation, query.device.type) in BORDER_KERNELS
         return mla.expanded_attention_kernel(layer, True, query) is expected, borders
 
     assert on_the_machine(machine, run) == (True, key in BORDER_KERNELS)
@@ -250,7 +254,7 @@ def test_flash_attention_with_flash_attn_installed(monkeypatch):
     model = tiny_model(attn_implementation="sdpa")
     model.config._attn_implementation = "flash_attention_2"  # flash-attn itself is not installed here
     layer = next(layer.mla for layer in model.model.layers if hasattr(layer, "mla"))
-    expected = mla.PACKED_ATTENTION_FUNCTIONS[row.key]
+    expected = mla.flash_attention_forward
 
     def run(device):
         return mla.expanded_attention_kernel(layer, True, torch.empty(1, 4, 8, 32, device=device)) is expected
@@ -262,7 +266,7 @@ def test_fused_loss(machine, monkeypatch):
     """The model's training loss (``enable_liger_kernel``): ``loss.py`` runs the registry's choice at the forward."""
     from llamafactory_zebra import loss
 
-    called = spies(monkeypatch, loss, "LOSS_SUMS", False, lambda hidden, *a, **k: hidden.float().sum())
+    called = spies(monkeypatch, LOSS, False, lambda hidden, *a, **k: hidden.float().sum())
     model = tiny_model(dtype=torch.float32)
     predicted = model.enable_fused_cross_entropy("auto")
 
@@ -279,7 +283,7 @@ def test_fused_loss(machine, monkeypatch):
 def test_distillation_loss(machine, monkeypatch):
     from llamafactory_zebra.distill import kd_loss
 
-    called = spies(monkeypatch, kd_loss, "KD_LOSS_SUMS", False, lambda *a, **k: (None, None, None))
+    called = spies(monkeypatch, DISTILLATION_LOSS, False, lambda *a, **k: (None, None, None))
 
     def run(device):
         hidden, weight = torch.randn(6, 8, device=device), torch.randn(11, 8, device=device)
@@ -308,8 +312,7 @@ def _slot_inputs(device: str, tokens: int, dtype: torch.dtype):
 def test_serving_prefill_in_slots(machine, monkeypatch):
     called = spies(
         monkeypatch,
-        in_slots,
-        "PREFILL_IMPLEMENTATIONS",
+        GDN_PREFILL_IN_SLOTS,
         not machine.has_gpu,
         lambda q, k, v, *a, **kw: torch.empty_like(v),
     )
@@ -325,8 +328,7 @@ def test_serving_prefill_in_slots(machine, monkeypatch):
 def test_serving_decode_step(machine, monkeypatch):
     called = spies(
         monkeypatch,
-        in_slots,
-        "STEP_IMPLEMENTATIONS",
+        GDN_DECODE_STEP,
         not machine.has_gpu,
         lambda q, k, v, *a, **kw: torch.empty_like(v),
     )
@@ -340,9 +342,7 @@ def test_serving_decode_step(machine, monkeypatch):
 
 
 def test_gated_rms_norm(machine, monkeypatch):
-    called = spies(
-        monkeypatch, gated_norm_module, "IMPLEMENTATIONS", not machine.has_gpu, lambda x, *a: torch.empty_like(x)
-    )
+    called = spies(monkeypatch, GATED_NORM, not machine.has_gpu, lambda x, *a: torch.empty_like(x))
 
     def run(device):
         x = torch.randn(3, 2, 8, device=device).to(torch.bfloat16)

@@ -1,28 +1,24 @@
-"""The kernel registry (``kernels/registry.py``): the entries, the switches' semantics, the ops' tables, and
-the fallback when an installed package does not load. What doctor says against what runs, per machine,
+"""The kernel registry (``kernels/registry.py``, ``decider.py``): the entries and their code, the switches'
+semantics, and the fallback when an installed package does not load. What doctor says against what runs, per machine,
 is ``test_kernel_matrix.py``."""
 
 import ast
 import doctest
 import importlib
+import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
 from llamafactory_zebra import kernels as kernels_package
-from llamafactory_zebra.kernel_names import Fact, Key, Op
+from llamafactory_zebra.kernel_names import Fact, Op
 from llamafactory_zebra.kernels import (
     ATTENTION,
-    CONV,
-    CONV_IN_SLOTS,
-    DISTILLATION_LOSS,
     FAMILIES,
-    GATED_NORM,
     GDN_CHUNK,
     GDN_DECODE_STEP,
     GDN_PREFILL_IN_SLOTS,
-    GDN_RECURRENT,
     KERNELS,
     LOSS,
     OPS,
@@ -30,7 +26,9 @@ from llamafactory_zebra.kernels import (
     Call,
     KernelLoadError,
     KernelUnavailable,
+    Key,
     Stack,
+    decider,
     registry,
     run,
     select,
@@ -47,10 +45,10 @@ def _clean(monkeypatch):
     for switch in SWITCHES:
         monkeypatch.delenv(switch.env_var, raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(registry, "_unusable", {})
-    registry._select.cache_clear()
+    monkeypatch.setattr(decider, "_unusable", {})
+    decider._select.cache_clear()
     yield
-    registry._select.cache_clear()
+    decider._select.cache_clear()
 
 
 def test_every_op_has_entries_with_one_family_name_each_and_unique_keys():
@@ -61,33 +59,20 @@ def test_every_op_has_entries_with_one_family_name_each_and_unique_keys():
     assert {kernel.op for kernel in KERNELS} == set(OPS)
 
 
-# Every op's implementation tables: the module that runs the op, the table it hands ``run``, the op. The vLLM
-# layer's tables import vLLM (its venv runs them; here they are skipped, not left out).
-IMPLEMENTATION_TABLES = [
-    ("llamafactory_zebra.ops.gated_delta_rule.dispatch", "CHUNK_IMPLEMENTATIONS", GDN_CHUNK),
-    ("llamafactory_zebra.ops.gated_delta_rule.dispatch", "RECURRENT_IMPLEMENTATIONS", GDN_RECURRENT),
-    ("llamafactory_zebra.ops.causal_conv1d", "SEQUENCE_IMPLEMENTATIONS", CONV),
-    ("llamafactory_zebra.ops.causal_conv1d", "STEP_IMPLEMENTATIONS", CONV),
-    ("llamafactory_zebra.ops.gated_delta_rule.in_slots", "PREFILL_IMPLEMENTATIONS", GDN_PREFILL_IN_SLOTS),
-    ("llamafactory_zebra.ops.gated_delta_rule.in_slots", "STEP_IMPLEMENTATIONS", GDN_DECODE_STEP),
-    ("llamafactory_zebra.serving.vllm.gdn", "CONV_STEP_IMPLEMENTATIONS", CONV_IN_SLOTS),
-    ("llamafactory_zebra.serving.vllm.gdn", "CONV_PREFILL_IMPLEMENTATIONS", CONV_IN_SLOTS),
-    ("llamafactory_zebra.ops.gated_rms_norm", "IMPLEMENTATIONS", GATED_NORM),
-    ("llamafactory_zebra.layers.mla", "PACKED_ATTENTION_FUNCTIONS", ATTENTION),
-    ("llamafactory_zebra.loss", "LOSS_SUMS", LOSS),
-    ("llamafactory_zebra.distill.kd_loss", "KD_LOSS_SUMS", DISTILLATION_LOSS),
-]
-
-
-def test_every_op_has_an_implementation_table():
-    assert {op for _, _, op in IMPLEMENTATION_TABLES} == set(OPS)
-
-
-@pytest.mark.parametrize(("module", "table", "op"), IMPLEMENTATION_TABLES)
-def test_each_op_maps_exactly_the_registry_keys(module, table, op):
-    if module.startswith("llamafactory_zebra.serving.vllm"):
-        pytest.importorskip("vllm")
-    assert set(getattr(importlib.import_module(module), table)) == set(implementations(op))
+def test_every_entry_names_functions_that_exist_at_its_ops_entry_points():
+    """Each entry's code resolves to a callable (the vLLM layer's imports vLLM: its venv checks those), and the
+    entries of one op answer at the same entry points (``run``'s ``entry_point``); only the dense attention mask,
+    which the model's own attention function runs, names none."""
+    vllm = importlib.util.find_spec("vllm") is not None
+    for op in OPS:
+        entries = [kernel for kernel in KERNELS if kernel.op == op]
+        points = {frozenset(kernel.code) for kernel in entries if kernel.code}
+        assert len(points) == 1, (op, points)
+        for kernel in entries:
+            for point, where in kernel.code.items():
+                if vllm or "serving.vllm" not in where:
+                    assert callable(kernel.function(point)), (op, kernel.key, where)
+    assert [kernel.key for kernel in KERNELS if not kernel.code] == ["dense_mask"]
 
 
 def test_a_call_with_a_fact_its_op_does_not_read_fails_loudly():
@@ -163,23 +148,24 @@ def test_each_entry_fits_only_the_calls_it_takes():
 
 def test_a_package_that_does_not_load_passes_to_the_next_entry_with_one_warning(monkeypatch):
     warnings = []
-    monkeypatch.setattr(registry, "_emitted", set())
-    monkeypatch.setattr(registry.logger, "warning", warnings.append)
-    monkeypatch.setattr(registry, "detect_stack", lambda: H200)
+    monkeypatch.setattr(decider, "_emitted", set())
+    monkeypatch.setattr(decider.logger, "warning", warnings.append)
+    monkeypatch.setattr(decider, "detect_stack", lambda: H200)
 
     def broken_fla():
         raise KernelLoadError("fla.ops.gated_delta_rule does not import (a broken Triton)")
 
     ran = {key: (lambda key=key: key) for key in implementations(GDN_CHUNK)} | {"fla": broken_fla}
-    assert run(GDN_CHUNK, Call.on("cuda"), ran) == "torch-parallel"
-    assert run(GDN_CHUNK, Call.on("cuda"), ran) == "torch-parallel"
+    monkeypatch.setattr(decider, "implementation", lambda kernel, point: ran[kernel.key])
+    assert run(GDN_CHUNK, Call.on("cuda")) == "torch-parallel"
+    assert run(GDN_CHUNK, Call.on("cuda")) == "torch-parallel"
     (warning,) = warnings
     assert "missing or does not import" in warning
     assert "does not load here (fla.ops.gated_delta_rule does not import" in select(GDN_CHUNK, Call.on("cuda")).reason
 
 
 def test_the_packed_attention_examples_hold():
-    results = doctest.testmod(registry)
+    results = doctest.testmod(decider)
     assert results.attempted >= 2 and results.failed == 0
 
 
@@ -208,18 +194,21 @@ def _spelled_names(source: str, names: set[str]) -> list[tuple[int, str]]:
 
 
 def test_no_op_name_entry_key_or_fact_is_spelled_outside_its_one_home():
-    """``kernel_names.py`` spells them; the rest of the package names the members. (Plain words that are also
-    keys and families, ``fla``, ``torch``, ``cpp``, are distribution names too, so only the others are held.)"""
-    names = {key.value for key in Key if "-" in key.value or "_" in key.value}
-    names |= {op.value for op in Op if " " in op.value} | {fact.value for fact in Fact}
+    """An entry key is spelled in its row of the registry's table (``kernels/registry.py``, which derives ``Key``),
+    op names and facts in ``kernel_names.py``; the rest of the package names the members. (Plain words that are
+    also keys and families, ``fla``, ``torch``, ``cpp``, are distribution names too, so only the others are held.)"""
+    keys = {key.value for key in Key if "-" in key.value or "_" in key.value}
+    words = {op.value for op in Op if " " in op.value} | {fact.value for fact in Fact}
     package = Path(kernels_package.__file__).resolve().parents[1]
-    spelled = [
-        f"{path.relative_to(package)}:{line}: {name!r}"
-        for path in sorted(package.rglob("*.py"))
-        if path.name != "kernel_names.py"
-        for line, name in _spelled_names(path.read_text(encoding="utf-8"), names)
-    ]
+    homes = {"kernels/registry.py": keys, "kernel_names.py": words}
+    spelled, in_the_table = [], []
+    for path in sorted(package.rglob("*.py")):
+        relative = str(path.relative_to(package))
+        found = _spelled_names(path.read_text(encoding="utf-8"), keys | words)
+        spelled += [f"{relative}:{line}: {name!r}" for line, name in found if name not in homes.get(relative, ())]
+        in_the_table += [name for _, name in found if relative == "kernels/registry.py" and name in keys]
     assert spelled == []
-    assert _spelled_names('"""torch-chunk"""\nx = {"conv-op": 1}\nSwitch(values={"torch-chunk": 2})\n', names) == [
+    assert sorted(in_the_table) == sorted(kernel.key for kernel in KERNELS if kernel.key in keys)  # once per row
+    assert _spelled_names('"""torch-chunk"""\nx = {"conv-op": 1}\nSwitch(values={"torch-chunk": 2})\n', keys) == [
         (2, "conv-op")
     ]

@@ -30,7 +30,7 @@ from llamafactory_zebra.kernels import (
     resolve,
     stack_from_json,
 )
-from llamafactory_zebra.kernels import registry as resolve_module
+from llamafactory_zebra.kernels import decider as resolve_module
 from llamafactory_zebra.kernels.registry import TORCH_GDN_GPU_COST
 
 H200_TRITON_36 = {
@@ -233,11 +233,9 @@ def _model_args(path="amd/HyLo-Qwen-7MLA21GDN-64K", flash_attn="auto", liger=Tru
 
 def _training_run(model_args, logger, use_cpu=False):
     """The run object ``training.py`` hands its steps, with only what the kernel step reads."""
-    from llamafactory_zebra.hparams import RunArguments, ZebraArguments
-    from llamafactory_zebra.integration.steps import TrainingRun
+    from training_runs import training_run
 
-    training = types.SimpleNamespace(use_cpu=use_cpu)
-    return TrainingRun(RunArguments(model_args, None, training, None, None, ZebraArguments()), None, "t.yaml", logger)
+    return training_run(model_args, training=types.SimpleNamespace(use_cpu=use_cpu), logger=logger)
 
 
 def test_training_step_raises_with_the_fixes_last_and_logs_the_table_once(monkeypatch):
@@ -340,14 +338,16 @@ def test_inference_entry_points_get_the_wrapped_parser_and_log_without_stopping(
 def _fla_that_does_not_import_on_a_gpu_tensor(device: str) -> tuple[list[str], str, str, bool]:
     """Two calls on a (faked) GPU tensor, doctor's row after them, and a call on a CPU tensor."""
     from llamafactory_zebra.kernels import GDN_CHUNK, Call, run
-    from llamafactory_zebra.kernels.registry import implementations
     from llamafactory_zebra.ops.backend import first_fla_module
 
     def fla_or_none(tensor):
         """What an op does: fla where the registry chose it, else its PyTorch path (None here)."""
-        choices = {key: (lambda: None) for key in implementations(GDN_CHUNK)}
-        choices["fla"] = lambda: first_fla_module(("fla.ops.gated_delta_rule",))
-        return run(GDN_CHUNK, Call.of(tensor), choices)
+        return run(GDN_CHUNK, Call.of(tensor))
+
+    def fla_or_nothing(kernel, point):
+        return (lambda: first_fla_module(("fla.ops.gated_delta_rule",))) if kernel.key == "fla" else (lambda: None)
+
+    resolve_module.implementation = fla_or_nothing  # in the forked child only
 
     warnings = []
     resolve_module.logger.warning = warnings.append

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from llamafactory_zebra.environment import checks as doctor
-from llamafactory_zebra.kernels import FAKE_STACK_ENV_VAR, NOTE, STOP, WARN, Stack, registry, resolve
+from llamafactory_zebra.kernels import FAKE_STACK_ENV_VAR, NOTE, STOP, WARN, Stack, decider, resolve
 from llamafactory_zebra.kernels.known_issues import KNOWN_ISSUES, TRITON_CACHE_SHARED
 from llamafactory_zebra.kernels.workarounds import fla_stage_cap, triton_cache_per_rank
 
@@ -24,7 +24,7 @@ FAKE_MI300X = json.dumps(
 def _clean(monkeypatch):
     for variable in ("ZEBRA_FLA_MAX_STAGES", "ZEBRA_GDN_BACKEND", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE"):
         monkeypatch.delenv(variable, raising=False)
-    registry._select.cache_clear()
+    decider._select.cache_clear()
 
 
 def test_every_issue_says_what_is_established_and_cites_its_source():
@@ -79,22 +79,21 @@ def test_each_rank_of_a_rocm_run_gets_its_own_triton_cache(tmp_path):
 
 
 def test_the_training_preflight_sets_the_cache_before_the_model_loads(monkeypatch, tmp_path):
-    from llamafactory_zebra.hparams import RunArguments, ZebraArguments
+    from training_runs import training_run
+
     from llamafactory_zebra.integration import kernel_choice
-    from llamafactory_zebra.integration.steps import TrainingRun
 
     monkeypatch.setenv(FAKE_STACK_ENV_VAR, FAKE_MI300X)
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(registry, "_emitted", set())
+    monkeypatch.setattr(decider, "_emitted", set())
     logged = []
     logger = types.SimpleNamespace(info_rank0=logged.append, warning_rank0=logged.append)
     model_args = types.SimpleNamespace(model_name_or_path="amd/HyLo-Qwen-7MLA21GDN-64K", flash_attn="auto",
                                        enable_liger_kernel=True)  # fmt: skip
     training = types.SimpleNamespace(use_cpu=False)
-    arguments = RunArguments(model_args, None, training, None, None, ZebraArguments())
-    kernel_choice.training_kernel_step(TrainingRun(arguments, None, "t.yaml", logger))
+    kernel_choice.training_kernel_step(training_run(model_args, training=training, logger=logger))
     import os
 
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "rank_1")

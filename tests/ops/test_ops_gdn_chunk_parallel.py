@@ -21,7 +21,6 @@ from llamafactory_zebra.ops.gated_delta_rule import (
     chunk_gated_delta_rule_torch,
     naive_recurrent_gated_delta_rule,
 )
-from llamafactory_zebra.ops.gated_delta_rule.dispatch import CHUNK_IMPLEMENTATIONS
 from llamafactory_zebra.testing.models import tiny_model
 
 # A 1-token segment, an empty one, exactly one chunk (64), chunk + 1 (65), an odd tail (3), two chunks + 7.
@@ -130,7 +129,7 @@ def test_compiled_matches_reference_in_fp64():
 
 def test_choice_follows_the_device_and_the_env_var(monkeypatch):
     def chosen(device_type: str):
-        return CHUNK_IMPLEMENTATIONS[select(GDN_CHUNK, Call.on(device_type)).kernel.key]
+        return select(GDN_CHUNK, Call.on(device_type)).kernel.function()
 
     monkeypatch.setenv(BACKEND_ENV_VAR, "torch")
     monkeypatch.delenv(TORCH_CHUNK_ENV_VAR, raising=False)

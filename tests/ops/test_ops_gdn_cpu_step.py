@@ -9,14 +9,13 @@ import torch
 import torch.nn.functional as F
 
 import llamafactory_zebra.ops.cpu.build as cpu_build
-from llamafactory_zebra.kernels import GDN_DECODE_STEP, Call, KernelLoadError, registry, select
+from llamafactory_zebra.kernels import GDN_DECODE_STEP, Call, KernelLoadError, decider, select
 from llamafactory_zebra.kernels.switches import CPU_KERNELS_ENV_VAR
 from llamafactory_zebra.ops import (
     cpu_kernels,
     fused_recurrent_gated_delta_rule_in_slots,
     naive_recurrent_gated_delta_rule,
 )
-from llamafactory_zebra.ops.gated_delta_rule import in_slots
 
 
 def reference_step(q, k, v, g, beta, state, scale):
@@ -72,13 +71,15 @@ def test_kernel_matches_the_reference_and_leaves_other_slots_alone(heads, key_di
 @pytest.fixture
 def kernel_calls(monkeypatch):
     calls = []
-    real = in_slots.STEP_IMPLEMENTATIONS["cpp"]
+    implementation = decider.implementation
 
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
+    def counting(kernel, point):
+        function = implementation(kernel, point)
+        if kernel.op != GDN_DECODE_STEP or kernel.key != "cpp":
+            return function
+        return lambda *args, **kwargs: calls.append(1) or function(*args, **kwargs)
 
-    monkeypatch.setitem(in_slots.STEP_IMPLEMENTATIONS, "cpp", counting)
+    monkeypatch.setattr(decider, "implementation", counting)
     return calls
 
 
@@ -149,9 +150,9 @@ def test_a_failed_build_keeps_the_pytorch_step_with_a_warning(monkeypatch, caplo
         raise RuntimeError("Error building extension: c++: not found")
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
-    monkeypatch.setattr(registry, "_unusable", {})  # the registry forgets the failure after the test
+    monkeypatch.setattr(decider, "_unusable", {})  # the registry forgets the failure after the test
     cpu_build._build.cache_clear()
-    registry._select.cache_clear()
+    decider._select.cache_clear()
     try:
         with caplog.at_level(logging.WARNING), pytest.raises(KernelLoadError, match="did not build"):
             cpu_kernels()
@@ -168,7 +169,7 @@ def test_a_failed_build_keeps_the_pytorch_step_with_a_warning(monkeypatch, caplo
         )
     finally:
         cpu_build._build.cache_clear()  # the next test loads the real build again (cached on disk)
-        registry._select.cache_clear()
+        decider._select.cache_clear()
     message = caplog.text
     assert "could not build the C++ CPU kernels (RuntimeError: Error building extension: c++: not found)" in message
     assert "ZEBRA_CPU_KERNELS=torch" in message

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llamafactory_zebra.kernels import GDN_PREFILL_IN_SLOTS, Call, select
+from llamafactory_zebra.kernels import GDN_PREFILL_IN_SLOTS, Call, decider, select
 from llamafactory_zebra.kernels.switches import CPU_KERNELS_ENV_VAR
 from llamafactory_zebra.ops import (
     causal_conv1d_in_slots,
@@ -14,7 +14,6 @@ from llamafactory_zebra.ops import (
     naive_recurrent_gated_delta_rule,
 )
 from llamafactory_zebra.ops.cpu import cpu_prefill_in_slots
-from llamafactory_zebra.ops.gated_delta_rule import in_slots
 from llamafactory_zebra.ops.gated_delta_rule.chunk_prefill import chunk_gated_delta_rule_prefill
 
 
@@ -254,12 +253,13 @@ def test_prefill_on_this_cpu_runs_what_the_registry_names(monkeypatch, case, dty
     if case == "ZEBRA_CPU_KERNELS=torch":
         monkeypatch.setenv(CPU_KERNELS_ENV_VAR, "torch")
     calls = []
-    for key, function in list(in_slots.PREFILL_IMPLEMENTATIONS.items()):
-        monkeypatch.setitem(
-            in_slots.PREFILL_IMPLEMENTATIONS,
-            key,
-            lambda *a, key=key, function=function, **k: calls.append(key) or function(*a, **k),
-        )
+    implementation = decider.implementation
+
+    def recorded(kernel, point):
+        function = implementation(kernel, point)
+        return lambda *a, **k: calls.append(kernel.key) or function(*a, **k)
+
+    monkeypatch.setattr(decider, "implementation", recorded)
     inputs, cu_seqlens = packed_inputs([3, 4], 1, 4, 4)
     cache = torch.zeros(2, 1, 4, 4, dtype=state_dtype)
     fresh = torch.tensor([False, False])

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from llamafactory_zebra import modeling_zebra
-from llamafactory_zebra.attention_policy import PACKED_DENSE_MASK, PACKED_FLEX, PACKED_PER_SEGMENT_SDPA
-from llamafactory_zebra.kernels import packed_attention_kernel
+from llamafactory_zebra.kernels import Key, packed_attention_kernel
 from llamafactory_zebra.kernels.switches import PACKED_SDPA_ENV_VAR
 from llamafactory_zebra.layers.mla import ZebraMLA
 from llamafactory_zebra.modeling_zebra import ZebraRotaryEmbedding
@@ -121,11 +120,11 @@ def test_flex_attention_forward_equals_the_dense_mask(segments):
 
 
 def test_the_policy_picks_the_kernel_by_device_and_lets_the_user_force_one(monkeypatch):
-    assert packed_attention_kernel("sdpa", "cpu") == PACKED_PER_SEGMENT_SDPA
-    assert packed_attention_kernel("sdpa", "cuda") == PACKED_FLEX
-    assert packed_attention_kernel("eager", "cuda") == PACKED_DENSE_MASK
+    assert packed_attention_kernel("sdpa", "cpu") == Key.SDPA_PER_SEGMENT
+    assert packed_attention_kernel("sdpa", "cuda") == Key.FLEX_BLOCK_MASK
+    assert packed_attention_kernel("eager", "cuda") == Key.DENSE_MASK
     monkeypatch.setenv(PACKED_SDPA_ENV_VAR, "dense_mask")
-    assert packed_attention_kernel("sdpa", "cuda") == PACKED_DENSE_MASK
+    assert packed_attention_kernel("sdpa", "cuda") == Key.DENSE_MASK
     assert packed_attention_kernel("flash_attention_2", "cuda") == "flash_varlen"
     monkeypatch.setenv(PACKED_SDPA_ENV_VAR, "blocky")
     with pytest.raises(ValueError, match="ZEBRA_PACKED_SDPA='blocky' is not valid; use one of auto, flex"):

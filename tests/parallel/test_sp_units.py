@@ -5,8 +5,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from torch import nn
+from training_runs import training_run
 
-from llamafactory_zebra.hparams import pop_zebra_arguments
+from llamafactory_zebra.hparams import ZebraArguments, pop_zebra_arguments
 from llamafactory_zebra.integration.sequence_parallel import (
     check_sequence_parallel_setup,
     deepspeed_config_for_sequence_parallel,
@@ -64,11 +65,12 @@ def setup(**changes):
     )
     finetuning_args = SimpleNamespace(stage=values["stage"], compute_accuracy=False, use_dft_loss=False)
     config = SimpleNamespace(model_type=values["model_type"], num_attention_heads=values["heads"])
-    return values["sp"], model_args, data_args, training_args, finetuning_args, config
+    zebra = ZebraArguments(sequence_parallel_size=values["sp"])
+    return training_run(model_args, data_args, training_args, finetuning_args, config=config, zebra=zebra)
 
 
 def test_a_sound_setup_passes():
-    check_sequence_parallel_setup(*setup())
+    check_sequence_parallel_setup(setup())
 
 
 @pytest.mark.parametrize(
@@ -85,14 +87,14 @@ def test_a_sound_setup_passes():
 )
 def test_bad_setups_are_refused_with_the_fix(changes, message):
     with pytest.raises(ValueError, match=message):
-        check_sequence_parallel_setup(*setup(**changes))
+        check_sequence_parallel_setup(setup(**changes))
 
 
 def test_unsupported_options_are_refused():
-    sp, model_args, data_args, training_args, finetuning_args, config = setup()
-    training_args.predict_with_generate = True
+    run = setup()
+    run.training.predict_with_generate = True
     with pytest.raises(ValueError, match="predict_with_generate: true .generation. is not supported"):
-        check_sequence_parallel_setup(sp, model_args, data_args, training_args, finetuning_args, config)
+        check_sequence_parallel_setup(run)
 
 
 def test_train_args_fail_before_any_data_loads(tmp_path, tiny_model_dir):

@@ -1,7 +1,7 @@
 """Docs tables that restate code data are checked against it, as the LLaMA-Factory seam table is.
 
-- ``docs/gpu.md``'s kernel table: a row per registry op, as many entries (``·``-separated) as the registry has
-  for it, and exactly the switches that govern it;
+- ``docs/gpu.md``'s kernel table: generated from the registry's rows and switches (``tools/kernel_table.py``), so
+  the page must hold exactly the generated text;
 - the known-issue tables of ``docs/gpu.md`` (CUDA) and ``docs/rocm.md`` (ROCm): a row per
   ``kernels/known_issues.py`` entry, holding its bounded version ranges, its upstream references (repository
   name and issue number) and, on ROCm, whether the plugin applies a workaround;
@@ -13,12 +13,11 @@ A new, removed or changed entry, switch, version bound or upstream reference fai
 import re
 from dataclasses import replace
 
+from kernel_table import COMMAND, documented_table, kernel_table
 from repo_paths import DOCS
 
-from llamafactory_zebra.kernels import KERNELS, KNOWN_ISSUES, OPS, SWITCHES
+from llamafactory_zebra.kernels import KERNELS, KNOWN_ISSUES, SWITCHES
 from llamafactory_zebra.serving.vllm import seams
-
-ENV_VAR = re.compile(r"`(ZEBRA_[A-Z_]+)`")
 
 
 def table_rows(text: str) -> list[list[str]]:
@@ -28,24 +27,6 @@ def table_rows(text: str) -> list[list[str]]:
         for line in text.splitlines()
         if line.startswith("| ")
     ]
-
-
-def kernel_table_problems(text: str) -> list[str]:
-    rows = {row[0].split(" (")[0]: row for row in table_rows(text) if len(row) == 3}
-    problems = []
-    for op in OPS:
-        row = rows.get(op)
-        if row is None:
-            problems.append(f"{op}: no row")
-            continue
-        entries = sum(kernel.op == op for kernel in KERNELS)
-        documented = len(row[1].split(" · "))
-        if documented != entries:
-            problems.append(f"{op}: {documented} entries documented, the registry has {entries}")
-        switches = {switch.env_var for switch in SWITCHES if op in switch.ops}
-        if set(ENV_VAR.findall(row[2])) != switches:
-            problems.append(f"{op}: switches {sorted(ENV_VAR.findall(row[2]))}, the registry's {sorted(switches)}")
-    return problems
 
 
 def known_issue_problems(pages: dict[str, str], issues=KNOWN_ISSUES) -> list[str]:
@@ -76,20 +57,27 @@ def known_issue_problems(pages: dict[str, str], issues=KNOWN_ISSUES) -> list[str
     return problems
 
 
-def test_the_kernel_table_has_each_ops_entries_and_switches():
-    assert kernel_table_problems((DOCS / "gpu.md").read_text(encoding="utf-8")) == []
+def test_the_kernel_table_is_the_registrys():
+    page = (DOCS / "gpu.md").read_text(encoding="utf-8")
+    assert documented_table(page) == kernel_table(), (
+        f"docs/gpu.md's kernel table is not the registry's (kernels/registry.py, switches.py): run `{COMMAND}`"
+    )
 
 
-def test_a_changed_kernel_row_is_reported():
-    text = (DOCS / "gpu.md").read_text(encoding="utf-8")
-    row = next(line for line in text.splitlines() if line.startswith("| GDN recurrent"))
-    fewer = text.replace(row, re.sub(r" · [^·|]*\|", " |", row, count=1))
-    entries = sum(kernel.op == "GDN recurrent" for kernel in KERNELS)
-    assert kernel_table_problems(fewer) == [
-        f"GDN recurrent: {entries - 1} entries documented, the registry has {entries}"
-    ]
-    no_switch = text.replace("dense block-causal mask | `ZEBRA_PACKED_SDPA` |", "dense block-causal mask | — |")
-    assert kernel_table_problems(no_switch) == ["attention: switches [], the registry's ['ZEBRA_PACKED_SDPA']"]
+def test_a_changed_kernel_row_is_reported(monkeypatch):
+    """An entry fewer, or a switch that no longer governs an op, changes the generated table (the page then fails
+    the test above)."""
+    import kernel_table as generator
+
+    page = documented_table((DOCS / "gpu.md").read_text(encoding="utf-8"))
+    last = max((kernel for kernel in KERNELS if kernel.op == "GDN recurrent"), key=lambda kernel: kernel.priority)
+    monkeypatch.setattr(generator, "KERNELS", tuple(kernel for kernel in KERNELS if kernel is not last))
+    assert last.label not in kernel_table() and kernel_table() != page
+    monkeypatch.setattr(generator, "KERNELS", KERNELS)
+    packed_sdpa = next(switch for switch in SWITCHES if switch.env_var == "ZEBRA_PACKED_SDPA")
+    others = tuple(switch for switch in SWITCHES if switch is not packed_sdpa)
+    monkeypatch.setattr(generator, "SWITCHES", (*others, replace(packed_sdpa, ops=())))
+    assert "dense block-causal mask | — |" in kernel_table() and kernel_table() != page
 
 
 def test_every_known_issue_has_its_row():

@@ -2,8 +2,9 @@
 
 Every implementation shares fla's contract, so a layer calls one function and never cares where it
 runs. Which one runs for a call is the kernel registry's choice (``kernels/registry.py``, ops ``GDN
-chunk`` and ``GDN recurrent``), made at each call from the inputs; :data:`CHUNK_IMPLEMENTATIONS` and
-:data:`RECURRENT_IMPLEMENTATIONS` map its keys to the functions. fla is always called with keyword
+chunk`` and ``GDN recurrent``), made at each call from the inputs; each entry there names its function (fla's
+adapters and the compiled formulation are defined here, the PyTorch paths in their modules). fla is always
+called with keyword
 arguments: its positional order differs between releases (e.g. 0.6 put ``gk`` after ``g`` in the fused
 recurrent op).
 """
@@ -15,13 +16,10 @@ from collections.abc import Callable
 
 import torch
 
-from ...kernel_names import Key
 from ...kernels import GDN_CHUNK, GDN_RECURRENT, Call, run
 from ..backend import fla_function
 from .checks import check_gdn_inputs
-from .chunk import chunk_gated_delta_rule_torch
 from .chunk_parallel import chunk_gated_delta_rule_parallel
-from .fused_recurrent import fused_recurrent_gated_delta_rule_torch
 
 _FLA_GDN = "fla.ops.gated_delta_rule"
 
@@ -38,17 +36,10 @@ def _fla(name: str) -> Callable:
     return call
 
 
-# The registry's keys → the functions (a test checks they name exactly its entries).
-CHUNK_IMPLEMENTATIONS: dict[str, Callable] = {
-    Key.FLA: _fla("chunk_gated_delta_rule"),
-    Key.TORCH_PARALLEL_COMPILED: functools.partial(chunk_gated_delta_rule_parallel, compile=True),
-    Key.TORCH_PARALLEL: chunk_gated_delta_rule_parallel,
-    Key.TORCH_CHUNK: chunk_gated_delta_rule_torch,
-}
-RECURRENT_IMPLEMENTATIONS: dict[str, Callable] = {
-    Key.FLA: _fla("fused_recurrent_gated_delta_rule"),
-    Key.TORCH: fused_recurrent_gated_delta_rule_torch,
-}
+# Functions the registry's entries name (``kernels/registry.py``).
+fla_chunk_gated_delta_rule = _fla("chunk_gated_delta_rule")
+fla_fused_recurrent_gated_delta_rule = _fla("fused_recurrent_gated_delta_rule")
+chunk_gated_delta_rule_parallel_compiled = functools.partial(chunk_gated_delta_rule_parallel, compile=True)
 
 
 def chunk_gated_delta_rule(
@@ -84,7 +75,6 @@ def chunk_gated_delta_rule(
     """
     return _dispatch(
         GDN_CHUNK,
-        CHUNK_IMPLEMENTATIONS,
         (q, k, v, g, beta),
         scale=scale,
         initial_state=initial_state,
@@ -113,7 +103,6 @@ def fused_recurrent_gated_delta_rule(
     """
     return _dispatch(
         GDN_RECURRENT,
-        RECURRENT_IMPLEMENTATIONS,
         (q, k, v, g, beta),
         scale=scale,
         initial_state=initial_state,
@@ -123,8 +112,8 @@ def fused_recurrent_gated_delta_rule(
     )
 
 
-def _dispatch(op, implementations, inputs, *, cu_seqlens, **options):
+def _dispatch(op, inputs, *, cu_seqlens, **options):
     """Check once, then the registry's choice for these inputs."""
     q, k, v, g, beta = inputs
     check_gdn_inputs(q, k, v, g, beta, options["initial_state"], cu_seqlens)
-    return run(op, Call.of(q), implementations, q, k, v, g, beta, cu_seqlens=cu_seqlens, **options)
+    return run(op, Call.of(q), q, k, v, g, beta, cu_seqlens=cu_seqlens, **options)

@@ -36,14 +36,12 @@ cache in place.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import torch
 
-from ...kernel_names import Key
 from ...kernels import GDN_DECODE_STEP, GDN_PREFILL_IN_SLOTS, Call, run
 from ..backend import fla_function
-from ..cpu import cpu_prefill_in_slots, cpu_step_in_slots
+from ..cpu import cpu_prefill_in_slots
 from .checks import check_gdn_inputs, compute_dtype, l2norm
 from .chunk_prefill import chunk_gated_delta_rule_prefill
 from .dispatch import _FLA_GDN
@@ -106,7 +104,7 @@ def fused_recurrent_gated_delta_rule_in_slots(
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     call = Call.of(q, state_dtype=state.dtype, state_rows_contiguous=state.stride(-1) == 1)
     arguments = (q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm_in_kernel)
-    return run(GDN_DECODE_STEP, call, STEP_IMPLEMENTATIONS, *arguments)
+    return run(GDN_DECODE_STEP, call, *arguments)
 
 
 def _step_fla(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm_in_kernel) -> torch.Tensor:
@@ -194,13 +192,7 @@ def chunk_gated_delta_rule_in_slots(
         )
     call = Call.of(q, state_dtype=state.dtype)
     arguments = (q, k, v, g, beta, state, state_indices, cu_seqlens, has_initial_state, scale)
-    return run(
-        GDN_PREFILL_IN_SLOTS,
-        call,
-        PREFILL_IMPLEMENTATIONS,
-        *arguments,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-    )
+    return run(GDN_PREFILL_IN_SLOTS, call, *arguments, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
 
 
 def _prefill_fla(
@@ -228,16 +220,7 @@ def _prefill_fla(
     return o
 
 
-def _with(function: Callable, **options) -> Callable:
-    return functools.partial(function, **options)
-
-
-# The registry's keys → the functions (a test checks they name exactly its entries).
-STEP_IMPLEMENTATIONS: dict[str, Callable] = {Key.FLA: _step_fla, Key.CPP: cpu_step_in_slots, Key.TORCH: _step_torch}
-PREFILL_IMPLEMENTATIONS: dict[str, Callable] = {
-    Key.FLA: _prefill_fla,
-    Key.CPP_BF16_GEMM: _with(cpu_prefill_in_slots, bf16_operands=True),
-    Key.CPP: _with(cpu_prefill_in_slots, bf16_operands=False),
-    Key.TORCH_BF16_GEMM: _with(chunk_gated_delta_rule_prefill, matmul_dtype=torch.bfloat16),
-    Key.TORCH: chunk_gated_delta_rule_prefill,
-}
+# Functions the registry's prefill entries name (``kernels/registry.py``): the prefill with its GEMM operands bound.
+prefill_cpp_bf16_gemm = functools.partial(cpu_prefill_in_slots, bf16_operands=True)
+prefill_cpp = functools.partial(cpu_prefill_in_slots, bf16_operands=False)
+prefill_torch_bf16_gemm = functools.partial(chunk_gated_delta_rule_prefill, matmul_dtype=torch.bfloat16)

@@ -14,7 +14,7 @@ and the recurrence (``ops.chunk_gated_delta_rule_in_slots`` for prompt chunks,
 ``ops.fused_recurrent_gated_delta_rule_in_slots`` for decode tokens). Each op asks the kernel registry
 (``kernels/registry.py``) at each call: fla on a GPU, the package's C++ kernels or PyTorch on a CPU; this
 module only reads vLLM's metadata and slot layout. The conv is the registry's ``conv in slots`` op, run
-the same way from this module's tables (:data:`CONV_STEP_IMPLEMENTATIONS`, :data:`CONV_PREFILL_IMPLEMENTATIONS`):
+the same way (its entries name this module's functions for decode tokens and prompt chunks):
 vLLM's own C++ causal conv, a vLLM kernel ``ops/`` cannot import, where it fits (:func:`conv_in_slots_call`),
 else the project's conv op. Each request is its own segment (``cu_seqlens`` from the metadata), so batched
 requests never share a window or a state.
@@ -45,11 +45,10 @@ from vllm.platforms import current_platform
 from vllm.utils.torch_utils import direct_register_custom_op
 
 from ...configuration_zebra import ZebraConfig
-from ...kernel_names import Family, Key
+from ...kernel_names import Family
 from ...kernels import CONV_IN_SLOTS, GDN_DECODE_STEP, Call, KernelLoadError, run, select
 from ...ops import (
     causal_conv1d_in_slots,
-    causal_conv1d_update_in_slots,
     chunk_gated_delta_rule_in_slots,
     cpu_kernels,
     fused_recurrent_gated_delta_rule_in_slots,
@@ -218,9 +217,7 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
     def _decode(self, mixed, g, beta, slots, out) -> None:
         """One token per request: the conv windows and the SSM states advance in their slots."""
         conv_cache, ssm_cache = self._state_slots()
-        conv_out = run(
-            CONV_IN_SLOTS, self.conv_call, CONV_STEP_IMPLEMENTATIONS, mixed, self.conv1d.weight, conv_cache, slots
-        )
+        conv_out = run(CONV_IN_SLOTS, self.conv_call, mixed, self.conv1d.weight, conv_cache, slots, entry_point="step")
         q, k, v = self._split_heads(conv_out)
         output = fused_recurrent_gated_delta_rule_in_slots(
             q, k, v, g, beta, ssm_cache, slots, use_qk_l2norm_in_kernel=True
@@ -232,7 +229,7 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         request's first chunk); final states go back to the slots."""
         conv_cache, ssm_cache = self._state_slots()
         arguments = (mixed, self.conv1d.weight, conv_cache, slots, starts, ~fresh)
-        conv_out = run(CONV_IN_SLOTS, self.conv_call, CONV_PREFILL_IMPLEMENTATIONS, *arguments)
+        conv_out = run(CONV_IN_SLOTS, self.conv_call, *arguments, entry_point="prefill")
         q, k, v = self._split_heads(conv_out)
         output = chunk_gated_delta_rule_in_slots(
             q, k, v, g[None], beta[None], ssm_cache, slots, starts, ~fresh, use_qk_l2norm_in_kernel=True
@@ -294,11 +291,6 @@ def _vllm_conv_prefill(mixed, weight, conv_cache, slots, starts, initial) -> tor
 
 def _conv_op_prefill(mixed, weight, conv_cache, slots, starts, initial) -> torch.Tensor:
     return causal_conv1d_in_slots(mixed[None], weight, conv_cache, slots, starts, initial)
-
-
-# The ``conv in slots`` op's implementations by registry key: decode tokens, and prompt chunks.
-CONV_STEP_IMPLEMENTATIONS = {Key.VLLM_CPP: _vllm_conv_step, Key.CONV_OP: causal_conv1d_update_in_slots}
-CONV_PREFILL_IMPLEMENTATIONS = {Key.VLLM_CPP: _vllm_conv_prefill, Key.CONV_OP: _conv_op_prefill}
 
 
 def zebra_gdn_core(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:
