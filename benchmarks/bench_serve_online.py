@@ -16,7 +16,10 @@ repeats, with the range), the measured Zebra/Qwen3 output tok/s ratio and the FL
 Zebra's per request, ``llamafactory_zebra.planning.flops``) beside it, and their quotient: how efficiently the
 hybrid's layers run against vLLM's dense path. Then the capacity at ``--capacity-len`` tokens: each model's server
 started once more with that ``--max-model-len`` in the same ``VLLM_CPU_KVCACHE_SPACE``, and the cache size and the
-maximum concurrency vLLM reports at start-up.
+maximum concurrency vLLM reports at start-up. Every table's caption carries this CPU's bf16 and fp32 matrix-multiply
+rates (``kernels/run_dtype.py``'s probe, measured in this process before the servers start): a CPU without bf16 dot
+products emulates bf16 many times slower than fp32, so ``--dtype auto`` (the default) serves in fp32 there
+(``run_dtype``) and in bf16 elsewhere.
 
     OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/bench_serve_online.py \
         [--lengths 256 2048 8192 16384] [--compile-lengths 2048 16384] [--repeats 2]
@@ -42,6 +45,7 @@ from pathlib import Path
 
 from dense_twin import qwen3_config
 
+from llamafactory_zebra.kernels.run_dtype import AUTO, DTYPES, describe_rates, matmul_rates, run_dtype
 from llamafactory_zebra.testing.serving_checkpoint import build_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -243,7 +247,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--num-prompts", type=int, default=4, help="prompts per run, all sent at once")
     parser.add_argument("--output-len", type=int, default=32)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument(
+        "--dtype", choices=[AUTO, *DTYPES], default=AUTO, help="auto: fp32 on a CPU without bf16 dot products"
+    )
     parser.add_argument("--models", nargs="+", choices=["zebra", "qwen3"], default=["zebra", "qwen3"])
     parser.add_argument("--capacity-len", type=int, default=32768, help="0 skips the capacity row")
     parser.add_argument(
@@ -253,6 +259,9 @@ def main() -> None:
     parser.add_argument("--start-timeout", type=float, default=900, help="seconds to wait for /health")
     parser.add_argument("--client-timeout", type=float, default=3600, help="seconds per vllm bench serve run")
     args = parser.parse_args()
+    args.dtype = run_dtype(args.dtype)
+    rates = describe_rates(matmul_rates())
+    print(f"{rates}; serving in {args.dtype}", flush=True)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "6")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -278,7 +287,8 @@ def main() -> None:
     print(
         f"\nvllm bench serve, random dataset: {args.num_prompts} prompts at once, {args.output_len} tokens out "
         f"(ignore EOS), {args.repeats} runs per point (median, range); {args.dtype}; {os.cpu_count()} CPUs; "
-        f"Zebra 1:3 MLA:GDN (GDN state {args.mamba_ssm_cache_dtype}) vs dense Qwen3 of the same parameter count"
+        f"Zebra 1:3 MLA:GDN (GDN state {args.mamba_ssm_cache_dtype}) vs dense Qwen3 of the same parameter count; "
+        f"{rates}"
     )
     print(
         "| prompt tokens | mode | Zebra output tok/s | Qwen3 output tok/s | Zebra/Qwen3 | FLOP ratio | efficiency "
@@ -304,7 +314,8 @@ def main() -> None:
     if capacities:
         space = os.environ["VLLM_CPU_KVCACHE_SPACE"]
         print(
-            f"\nCapacity at {args.capacity_len} tokens per request, VLLM_CPU_KVCACHE_SPACE={space} GiB ({args.dtype})"
+            f"\nCapacity at {args.capacity_len} tokens per request, VLLM_CPU_KVCACHE_SPACE={space} GiB ({args.dtype}; "
+            f"{rates})"
         )
         print("| model | cache size, tokens | maximum concurrency |")
         print("|---|---:|---:|")
