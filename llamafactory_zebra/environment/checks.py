@@ -245,6 +245,21 @@ def check_kernels(m: Machine, training: bool, serving: bool = False) -> Check:
     return Check(name, WARN if warned else OK, detail, "\n".join(fix for p in warned for fix in p.fixes))
 
 
+def check_vllm_runner(m: Machine) -> Check:
+    """Which of vLLM's model runners would serve the Zebra here, and why (``serving/vllm/runner.py``)."""
+    if importlib.util.find_spec("vllm") is None:
+        return Check("vLLM model runner", OK, "vLLM is not installed here (it serves from its own venv)")
+    try:
+        from ..serving.vllm.runner import ENV_VAR, V2, runner_choice, v2_refused
+
+        runner, why = runner_choice()
+    except Exception as error:  # a broken vLLM install fails in many ways; serving is not training's concern
+        return Check("vLLM model runner", WARN, f"vLLM does not import ({type(error).__name__}: {error})")
+    if runner == V2 and v2_refused():
+        return Check("vLLM model runner", WARN, f"{runner} ({why})", f"unset {ENV_VAR} (vLLM then serves with V1)")
+    return Check("vLLM model runner", OK, f"{runner} ({why})")
+
+
 def check_liger(m: Machine) -> Check:
     try:
         liger = importlib.metadata.version("liger-kernel")
@@ -411,6 +426,7 @@ def all_checks(require_gpu: bool) -> list[Callable[[Machine], Check]]:
         lambda m: check_kernels(m, training=True),
         lambda m: check_kernels(m, training=False),
         lambda m: check_kernels(m, training=False, serving=True),
+        check_vllm_runner,
         check_deepspeed,
         check_collective_env,
         check_torchrun,

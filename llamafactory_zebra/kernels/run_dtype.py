@@ -5,7 +5,8 @@ extension: :attr:`~.stack.Stack.cpu_bf16_dot_products`) — and fp32 elsewhere: 
 vLLM's CPU build, through the same oneDNN) emulates bf16 matrix multiplies, many times slower than fp32
 (the measured cost: docs/benchmarks.md, "bf16 on a CPU without bf16 dot products"). A dtype the user
 names always wins; the known issue ``cpu-bf16-without-dot-products`` (``known_issues.py``) then says what
-it costs. The quickstarts, ``verify``, the serving benchmarks and the vLLM tests ask :func:`run_dtype`;
+it costs. ``verify --dtype auto`` and the serving benchmarks' ``--dtype auto`` ask :func:`run_dtype` (the
+quickstarts train and serve in fp32 on every CPU; LLaMA-Factory's own ``infer_dtype: auto`` is fp32 on a CPU);
 :func:`matmul_rates` measures what the rule assumes, for the benchmarks' tables and ``doctor``.
 """
 

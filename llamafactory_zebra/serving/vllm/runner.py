@@ -20,21 +20,30 @@ V1, V2 = "V1", "V2"
 ENV_VAR = "VLLM_USE_V2_MODEL_RUNNER"
 
 
-def runner_choice(vllm_config: VllmConfig) -> tuple[str, str]:
-    """``(runner, why)`` for this engine, as vLLM decided it."""
-    v2 = vllm_config.use_v2_model_runner
+def v2_refused() -> bool:
+    """vLLM refuses Model Runner V2 in this process (``VllmConfig._validate_v2_model_runner``: no usable Triton)."""
+    return not HAS_TRITON
+
+
+def runner_choice(use_v2: bool | None = None) -> tuple[str, str]:
+    """``(runner, why)``: ``use_v2`` is an engine's own answer (``VllmConfig.use_v2_model_runner``); None (no
+    engine yet: ``doctor``) applies vLLM's rule for a run that asks for no feature only one runner has."""
     forced = envs.VLLM_USE_V2_MODEL_RUNNER
+    if use_v2 is None:
+        use_v2 = forced if forced is not None else HAS_TRITON
     if forced is not None:
         why = f"{ENV_VAR}={int(forced)}"
-    elif v2:
+        if forced and v2_refused():
+            why += ": vLLM refuses to start (Model Runner V2 requires Triton; none with a backend for this device)"
+    elif use_v2:
         why = "vLLM's default"
     elif not HAS_TRITON:
         why = "vLLM's default falls back to V1: V2 needs Triton with a backend for this device (none here)"
     else:
         why = "vLLM's default falls back to V1 for a feature of this run that V2 lacks (vLLM's warning names it)"
-    return (V2 if v2 else V1), why
+    return (V2 if use_v2 else V1), why
 
 
 def describe_runner(vllm_config: VllmConfig) -> str:
-    runner, why = runner_choice(vllm_config)
+    runner, why = runner_choice(vllm_config.use_v2_model_runner)
     return f"vLLM's {runner} model runner serves the Zebra ({why})"

@@ -14,7 +14,8 @@ from vllm.logger import init_logger
 from ...kernels import WARN, detect_stack, emit_once, resolve
 from .runner import describe_runner
 
-logger = init_logger(__name__)
+# Under vLLM's logger tree: vLLM configures only "vllm" and its children, so an info line elsewhere is never shown.
+logger = init_logger("vllm.zebra")
 
 
 def announce(vllm_config: VllmConfig) -> None:
