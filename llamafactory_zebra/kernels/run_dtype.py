@@ -34,11 +34,6 @@ def run_dtype(requested: str = AUTO, stack: Stack | None = None) -> str:
     return BF16 if stack.has_gpu or stack.cpu_bf16_dot_products else FP32
 
 
-def emulated_bf16(stack: Stack, dtype: str) -> bool:
-    """A run in ``dtype`` on ``stack`` computes bf16 matrix multiplies the CPU has no instructions for."""
-    return dtype == BF16 and not stack.has_gpu and not stack.cpu_bf16_dot_products
-
-
 def matmul_rates(shape: tuple[int, int, int] = PROBE_SHAPE, repeats: int = 3) -> dict[str, float]:
     """GFLOP/s of one ``m×k @ k×n`` matrix multiply on this CPU in bf16 and in fp32 (best of ``repeats``, after
     one warm-up each): the rate the dtype rule is about, measured on this machine (threads as torch has them)."""
