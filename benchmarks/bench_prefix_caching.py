@@ -30,6 +30,7 @@ from pathlib import Path
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
+from llamafactory_zebra.kernels.run_dtype import AUTO, DTYPES, run_dtype
 from llamafactory_zebra.testing.serving_checkpoint import build_checkpoint
 
 
@@ -119,13 +120,16 @@ def main() -> None:
     parser.add_argument("--question-tokens", type=int, default=32)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--output-tokens", type=int, default=32)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument(
+        "--dtype", choices=[AUTO, *DTYPES], default=AUTO, help="auto: fp32 on a CPU without bf16 dot products"
+    )
     parser.add_argument("--max-num-batched-tokens", type=int, default=512, help="as bench_serving.py (CPU: 512)")
     parser.add_argument("--compile", action="store_true", help="vLLM's torch.compile (about 30 s more per engine)")
     parser.add_argument(
         "--model-dir", help="an existing checkpoint (default: build serving_checkpoint.py's ~100M one)"
     )
     args = parser.parse_args()
+    args.dtype = run_dtype(args.dtype)
 
     with tempfile.TemporaryDirectory(prefix="bench_prefix_") as tmp:
         model_dir = Path(args.model_dir or Path(tmp) / "zebra-100m")

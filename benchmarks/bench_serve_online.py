@@ -16,7 +16,10 @@ repeats, with the range), the measured Zebra/Qwen3 output tok/s ratio and the FL
 Zebra's per request, ``llamafactory_zebra.planning.flops``) beside it, and their quotient: how efficiently the
 hybrid's layers run against vLLM's dense path. Then the capacity at ``--capacity-len`` tokens: each model's server
 started once more with that ``--max-model-len`` in the same ``VLLM_CPU_KVCACHE_SPACE``, and the cache size and the
-maximum concurrency vLLM reports at start-up.
+maximum concurrency vLLM reports at start-up. Every table's caption carries this CPU's bf16 and fp32 matrix-multiply
+rates (``kernels/run_dtype.py``'s probe, measured in this process before the servers start): a CPU without bf16 dot
+products emulates bf16 many times slower than fp32, so ``--dtype auto`` (the default) serves in fp32 there
+(``run_dtype``) and in bf16 elsewhere.
 
     OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/bench_serve_online.py \
         [--lengths 256 2048 8192 16384] [--compile-lengths 2048 16384] [--repeats 2]
@@ -42,6 +45,7 @@ from pathlib import Path
 
 from dense_twin import qwen3_config
 
+from llamafactory_zebra.kernels.run_dtype import AUTO, DTYPES, describe_rates, matmul_rates, run_dtype
 from llamafactory_zebra.testing.serving_checkpoint import build_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -139,40 +143,51 @@ def stop(server: subprocess.Popen) -> None:
             server.wait()
 
 
-def serve_and_bench(name: str, model_dir: Path, lengths: list[int], compiled: bool, args, work: Path) -> dict:
-    """Start ``vllm serve``, run ``vllm bench serve`` ``args.repeats`` times per length; results by length."""
-    port = free_port()
+def serve_and_bench(names: list[str], models: dict[str, Path], lengths: list[int], compiled: bool, args, work: Path):
+    """Start ``vllm serve`` for each of ``names`` at once, warm each up, then run ``vllm bench serve``
+    ``args.repeats`` times per length, the models in turn within each repeat; results by model and length.
+
+    One name at a time is the plain comparison; several (``--interleave``) put each repeat's runs of the models
+    minutes apart rather than a whole model's runs apart, so load from other work shifts both sides alike."""
     mode = "compiled" if compiled else "eager"
-    command = [str(VLLM), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--dtype", args.dtype, "--max-model-len", str(max(lengths) + args.output_len + 64)]
-    command += ["--served-model-name", name]
-    if not compiled:
-        command.append("--enforce-eager")
-    if name == "zebra" and args.mamba_ssm_cache_dtype != "auto":
-        command += ["--mamba-ssm-cache-dtype", args.mamba_ssm_cache_dtype]
-    log_path = work / f"{name}-{mode}-server.log"
-    print(f"[{name} {mode}] {' '.join(command)}", flush=True)
-    with log_path.open("w") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=work)
-        results: dict[int, list[dict]] = {}
-        try:
+    servers: dict[str, tuple[subprocess.Popen, int, Path]] = {}
+    results: dict[str, dict[int, list[dict]]] = {name: {} for name in names}
+    try:
+        for name in names:
+            port = free_port()
+            command = [str(VLLM), "serve", str(models[name]), "--host", "127.0.0.1", "--port", str(port)]
+            command += ["--dtype", args.dtype, "--max-model-len", str(max(lengths) + args.output_len + 64)]
+            command += ["--served-model-name", name]
+            if not compiled:
+                command.append("--enforce-eager")
+            if name == "zebra" and args.mamba_ssm_cache_dtype != "auto":
+                command += ["--mamba-ssm-cache-dtype", args.mamba_ssm_cache_dtype]
+            log_path = work / f"{name}-{mode}-server.log"
+            print(f"[{name} {mode}] {' '.join(command)}", flush=True)
+            with log_path.open("w") as log:
+                server = subprocess.Popen(
+                    command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=work
+                )
+            servers[name] = (server, port, log_path)
             wait_healthy(port, server, args.start_timeout)
-            warm_up(name, model_dir, port, args, work)
-            for length in lengths:
-                for repeat in range(args.repeats):
-                    results.setdefault(length, []).append(
-                        bench_once(name, model_dir, port, length, repeat, args, work)
-                    )
-                    r = results[length][-1]
+        for name, (_, port, _) in servers.items():
+            warm_up(name, models[name], port, args, work)
+        for length in lengths:
+            for repeat in range(args.repeats):
+                for name, (_, port, _) in servers.items():
+                    r = bench_once(name, models[name], port, length, repeat, args, work)
+                    results[name].setdefault(length, []).append(r)
                     print(
                         f"[{name} {mode}] {length} tokens, run {repeat + 1}: {r['output_throughput']:.2f} output tok/s, "
                         f"TTFT p50 {r['p50_ttft_ms']:.0f} ms, ITL p50 {r['p50_itl_ms']:.1f} ms",
                         flush=True,
                     )
-        except Exception:
+    except Exception:
+        for _, _, log_path in servers.values():
             print(log_path.read_text()[-4000:], file=sys.stderr)
-            raise
-        finally:
+        raise
+    finally:
+        for server, _, _ in servers.values():
             stop(server)
     return results
 
@@ -243,9 +258,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--num-prompts", type=int, default=4, help="prompts per run, all sent at once")
     parser.add_argument("--output-len", type=int, default=32)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument(
+        "--dtype", choices=[AUTO, *DTYPES], default=AUTO, help="auto: fp32 on a CPU without bf16 dot products"
+    )
     parser.add_argument("--models", nargs="+", choices=["zebra", "qwen3"], default=["zebra", "qwen3"])
     parser.add_argument("--capacity-len", type=int, default=32768, help="0 skips the capacity row")
+    parser.add_argument(
+        "--interleave", action="store_true",
+        help="serve the models at once and run them in turn per repeat (a machine loaded by other work)",
+    )  # fmt: skip
     parser.add_argument(
         "--mamba-ssm-cache-dtype", choices=["auto", "float32", "bfloat16"], default="auto",
         help="the Zebra's GDN state dtype (vLLM's option; auto: the plugin's fp32)",
@@ -253,6 +274,9 @@ def main() -> None:
     parser.add_argument("--start-timeout", type=float, default=900, help="seconds to wait for /health")
     parser.add_argument("--client-timeout", type=float, default=3600, help="seconds per vllm bench serve run")
     args = parser.parse_args()
+    args.dtype = run_dtype(args.dtype)
+    rates = describe_rates(matmul_rates())
+    print(f"{rates}; serving in {args.dtype}", flush=True)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "6")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -264,11 +288,13 @@ def main() -> None:
         models = build_pair(work, args.dtype)
         every_length = sorted(set(args.lengths) | set(args.compile_lengths))
         ratios = {length: flop_ratio(models, length, args.output_len) for length in every_length}
+        groups = [args.models] if args.interleave else [[name] for name in args.models]
         results = {
-            (name, compiled): serve_and_bench(name, models[name], lengths, compiled, args, work)
+            (name, compiled): by_length
             for compiled, lengths in modes
-            for name in args.models
             if lengths
+            for names in groups
+            for name, by_length in serve_and_bench(names, models, lengths, compiled, args, work).items()
         }
         capacities = {
             name: capacity(name, models[name], args.capacity_len, args, work)
@@ -277,8 +303,11 @@ def main() -> None:
 
     print(
         f"\nvllm bench serve, random dataset: {args.num_prompts} prompts at once, {args.output_len} tokens out "
-        f"(ignore EOS), {args.repeats} runs per point (median, range); {args.dtype}; {os.cpu_count()} CPUs; "
-        f"Zebra 1:3 MLA:GDN (GDN state {args.mamba_ssm_cache_dtype}) vs dense Qwen3 of the same parameter count"
+        f"(ignore EOS), {args.repeats} runs per point (median, range), "
+        f"{'the models in turn per run' if args.interleave else 'one model after the other'}; {args.dtype}; "
+        f"{os.cpu_count()} CPUs; "
+        f"Zebra 1:3 MLA:GDN (GDN state {args.mamba_ssm_cache_dtype}) vs dense Qwen3 of the same parameter count; "
+        f"{rates}"
     )
     print(
         "| prompt tokens | mode | Zebra output tok/s | Qwen3 output tok/s | Zebra/Qwen3 | FLOP ratio | efficiency "
@@ -304,7 +333,8 @@ def main() -> None:
     if capacities:
         space = os.environ["VLLM_CPU_KVCACHE_SPACE"]
         print(
-            f"\nCapacity at {args.capacity_len} tokens per request, VLLM_CPU_KVCACHE_SPACE={space} GiB ({args.dtype})"
+            f"\nCapacity at {args.capacity_len} tokens per request, VLLM_CPU_KVCACHE_SPACE={space} GiB ({args.dtype}; "
+            f"{rates})"
         )
         print("| model | cache size, tokens | maximum concurrency |")
         print("|---|---:|---:|")

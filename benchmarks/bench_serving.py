@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from llamafactory_zebra.kernels.run_dtype import AUTO, DTYPES, run_dtype
 from llamafactory_zebra.testing.serving_checkpoint import build_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -203,7 +204,9 @@ def main() -> None:
         help="time the HF engine on the first N prompts only: it serves one request at a time, so its rate "
         "does not depend on how many wait (default: all)",
     )
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument(
+        "--dtype", choices=[AUTO, *DTYPES], default=AUTO, help="auto: fp32 on a CPU without bf16 dot products"
+    )
     parser.add_argument(
         "--max-num-batched-tokens",
         type=int,
@@ -227,6 +230,7 @@ def main() -> None:
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.dtype = run_dtype(args.dtype)
     if args.side:
         run_side(args)
         return

@@ -36,6 +36,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench_serve_online import build_pair  # noqa: E402
 
+from llamafactory_zebra.kernels.run_dtype import AUTO, DTYPES, run_dtype  # noqa: E402
+
 # Module name (the last part of its qualified name) -> part, per mixer kind.
 PARTS = {
     "qkvg_proj": "GDN projections",
@@ -231,10 +233,13 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 16384])
     parser.add_argument("--num-prompts", type=int, default=4)
     parser.add_argument("--output-len", type=int, default=16)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument(
+        "--dtype", choices=[AUTO, *DTYPES], default=AUTO, help="auto: fp32 on a CPU without bf16 dot products"
+    )
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="vllm serve's CPU default")
     parser.add_argument("--models", nargs="+", choices=["zebra", "qwen3"], default=["zebra", "qwen3"])
     args = parser.parse_args()
+    args.dtype = run_dtype(args.dtype)
     with tempfile.TemporaryDirectory(prefix="profile_vllm_steps_") as tmp:
         models = build_pair(Path(tmp), args.dtype)
         results = {name: profile(models[name], args.lengths, args) for name in args.models}

@@ -1,5 +1,11 @@
 """``vllm serve`` on a tiny Zebra: the OpenAI completions and chat endpoints answer, then the server stops.
 
+In both dtypes: fp32 (what ``kernels/run_dtype.py`` picks on a CPU without bf16 dot products; vLLM's own CPU GDN
+kernel would refuse it, the plugin's ops take it) on this machine, and bf16 on this machine described as such a
+CPU (``ZEBRA_FAKE_STACK``: its packages and compiler, no bf16 instructions), where the server's log must carry
+the known issue ``cpu-bf16-without-dot-products`` with its ``--dtype float32`` fix before the first request.
+Each server's log names the model runner vLLM chose (``serving/vllm/runner.py``).
+
 The server runs on 127.0.0.1 on a free port, every wait is bounded, and it is stopped by PID (with the
 engine-core processes it spawned). The chat prompt vLLM renders is checked against the checkpoint
 tokenizer's own chat template (Qwen3's, which LLaMA-Factory's ``zebra`` template reproduces) for both
@@ -81,9 +87,19 @@ def stop_server(process: subprocess.Popen) -> list[psutil.Process]:
     return tree
 
 
-@pytest.fixture(scope="module")
-def server(zebra_dir, tmp_path_factory):
-    """``vllm serve ZEBRA_DIR`` on 127.0.0.1:<free port>; yields (base URL, Popen, log path)."""
+def cpu_without_bf16_dot_products() -> str:
+    """This machine as ``ZEBRA_FAKE_STACK`` JSON, less its bf16 instructions."""
+    from llamafactory_zebra.kernels import this_machine
+
+    machine = this_machine()
+    return json.dumps({"device": "cpu", "versions": dict(machine.versions), "compiler": machine.compiler})
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def server(request, zebra_dir, tmp_path_factory):
+    """``vllm serve ZEBRA_DIR --dtype <param>`` on 127.0.0.1:<free port>; yields (base URL, Popen, log path)."""
+    from llamafactory_zebra.kernels import FAKE_STACK_ENV_VAR
+
     port = free_loopback_port()
     log_path = tmp_path_factory.mktemp("vllm_serve") / "server.log"
     env = {
@@ -93,6 +109,8 @@ def server(zebra_dir, tmp_path_factory):
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+    if request.param == "bfloat16":
+        env[FAKE_STACK_ENV_VAR] = cpu_without_bf16_dot_products()
     command = [
         str(VLLM),
         "serve",
@@ -106,6 +124,8 @@ def server(zebra_dir, tmp_path_factory):
         "--max-model-len",
         "512",
         "--enforce-eager",
+        "--dtype",
+        request.param,
     ]
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -201,6 +221,20 @@ def test_chat_completions_endpoint_renders_the_zebra_template(server, tokenizer,
         assert rendered.endswith("<|im_start|>assistant\n")
     else:
         assert rendered.endswith("<|im_start|>assistant\n" + EMPTY_THINK_BLOCK)
+
+
+def test_the_log_names_the_model_runner_and_a_bf16_run_on_a_cpu_that_emulates_it(server, request):
+    """Before the first request: vLLM's runner with its reason (the one vLLM's worker logs); in bf16 on a CPU
+    without bf16 dot products, the known issue with the fix; in fp32, no such warning."""
+    _, _, log_path = server
+    log = log_path.read_text(errors="replace")
+    runner = "V2" if "Using V2 Model Runner" in log else "V1"
+    assert f"llamafactory-zebra: vLLM's {runner} model runner serves the Zebra (" in log, log_tail(log_path)
+    warning = "llamafactory-zebra: a bf16 run on a CPU without bf16 dot products"
+    assert (warning in log) == (request.node.callspec.params["server"] == "bfloat16"), log_tail(log_path)
+    if warning in log:
+        assert "fix: serving: vllm serve ... --dtype float32" in log
+        assert log.index(warning) < log.find("POST /v1/") or "POST /v1/" not in log
 
 
 def test_server_stops_by_pid(server):

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from ..attention_policy import LLAMAFACTORY_FA2, attn_implementation_for
 from ..configuration_zebra import ZebraConfig
 from ..kernels import NOTE, STOP, Resolution, detect_stack, fla_missing_message, resolve, this_machine
+from ..kernels.known_issues import CPU_BF16_EMULATED
+from ..kernels.run_dtype import PROBE_SHAPE, describe_rates, matmul_rates
 from ..kernels.stack import gpu_inventory, numa_balancing, vendor_gpus_present
 from .rocm_settings import rocm_env_file, rocm_settings
 
@@ -57,6 +59,7 @@ class Machine:
     gpu_bf16: bool = False  # the first GPU computes in bf16
     built_for: tuple[str, ...] = ()  # the GPU architectures this torch build has kernels for
     numa_balancing: bool | None = None  # the kernel's NUMA balancing (None: unknown)
+    cpu_bf16_dot_products: bool = True  # the CPU has AVX-512-BF16, AMX or Arm bf16 (``Stack.cpu_bf16_dot_products``)
 
     @property
     def has_gpu(self) -> bool:
@@ -78,6 +81,7 @@ def inspect_machine() -> Machine:
         gpu_bf16=gpus.bf16,
         built_for=gpus.built_for,
         numa_balancing=numa_balancing(),
+        cpu_bf16_dot_products=machine.cpu_bf16_dot_products,
     )
 
 
@@ -120,9 +124,22 @@ def check_gpus(m: Machine, require_gpu: bool) -> Check:
     return Check("GPUs", OK, detail)
 
 
+# doctor's CPU probe: a quarter of the benchmarks' prompt chunk (under a second where bf16 is emulated).
+DOCTOR_PROBE_SHAPE = (PROBE_SHAPE[0] // 4, *PROBE_SHAPE[1:])
+
+
 def check_bf16(m: Machine) -> Check:
     if not m.has_gpu:
-        return Check("bf16", WARN, "no GPU to check")
+        rates = describe_rates(matmul_rates(DOCTOR_PROBE_SHAPE, repeats=2), DOCTOR_PROBE_SHAPE)
+        if m.cpu_bf16_dot_products:
+            return Check("bf16", WARN, f"no GPU; the CPU has bf16 dot products: {rates}")
+        return Check(
+            "bf16",
+            WARN,
+            f"no GPU; the CPU has no bf16 dot products (no AVX-512-BF16, AMX or Arm bf16), bf16 is emulated: "
+            f"{rates}; known issue {CPU_BF16_EMULATED} (kernels rows below)",
+            "compute in fp32 on this CPU: vllm serve --dtype float32, infer_dtype: float32, bf16: false",
+        )
     if m.gpu_bf16:
         return Check("bf16", OK, "supported")
     return Check(
@@ -225,7 +242,22 @@ def check_kernels(m: Machine, training: bool, serving: bool = False) -> Check:
     if stops:
         return Check(name, FAIL, detail, "\n".join(fix for p in stops for fix in p.fixes))
     warned = [p for p in resolution.problems if p.severity not in (STOP, NOTE)]
-    return Check(name, WARN if warned else OK, detail)
+    return Check(name, WARN if warned else OK, detail, "\n".join(fix for p in warned for fix in p.fixes))
+
+
+def check_vllm_runner(m: Machine) -> Check:
+    """Which of vLLM's model runners would serve the Zebra here, and why (``serving/vllm/runner.py``)."""
+    if importlib.util.find_spec("vllm") is None:
+        return Check("vLLM model runner", OK, "vLLM is not installed here (it serves from its own venv)")
+    try:
+        from ..serving.vllm.runner import ENV_VAR, V2, runner_choice, v2_refused
+
+        runner, why = runner_choice()
+    except Exception as error:  # a broken vLLM install fails in many ways; serving is not training's concern
+        return Check("vLLM model runner", WARN, f"vLLM does not import ({type(error).__name__}: {error})")
+    if runner == V2 and v2_refused():
+        return Check("vLLM model runner", WARN, f"{runner} ({why})", f"unset {ENV_VAR} (vLLM then serves with V1)")
+    return Check("vLLM model runner", OK, f"{runner} ({why})")
 
 
 def check_liger(m: Machine) -> Check:
@@ -394,6 +426,7 @@ def all_checks(require_gpu: bool) -> list[Callable[[Machine], Check]]:
         lambda m: check_kernels(m, training=True),
         lambda m: check_kernels(m, training=False),
         lambda m: check_kernels(m, training=False, serving=True),
+        check_vllm_runner,
         check_deepspeed,
         check_collective_env,
         check_torchrun,

@@ -1,4 +1,4 @@
-"""Kernel/version/device combinations known to give wrong results, stop or hang a run: the data, one entry each.
+"""Kernel/version/device combinations known to give wrong results, stop, hang or crawl a run: the data, one entry each.
 
 An entry matches a :class:`~.stack.Stack` when the op it concerns runs the named kernel family, the device vendor (and
 compute capability or architecture) fall in its range, every versioned package is installed within its range and the
@@ -6,8 +6,9 @@ run makes the affected pass (``"backward"``: training only; ``"forward"``: every
 training, inference or serving). ``resolver.py`` reads the entries; nothing else in the package hard-codes one. Each
 entry says what this project *established* (and how) apart from what is *reported* upstream, cites the threads, and
 gives fixes a user can run. An entry with a ``workaround`` is one the plugin applies itself (``workarounds.py``): it is
-a note, not a stop, and its fixes are the advice for when the workaround is not enough. Add an entry here when an
-upstream bug is confirmed.
+a note, not a stop, and its fixes are the advice for when the workaround is not enough. A CPU entry concerns no one
+kernel but every matrix multiply of a run in its dtype (``run_dtype.py``); one that only slows a run down is a
+warning in every phase, never a stop. Add an entry here when an upstream bug is confirmed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .registry import FLA, GDN_CHUNK, TORCH_GDN_GPU_COST
+from .run_dtype import BF16, FP32
 from .stack import Stack, parse_version
 from .switches import BACKEND_ENV_VAR
 from .workarounds import FLA_MAX_STAGES_ENV_VAR, TRITON_CACHE_PER_RANK, TRITON_STAGE_CAP
@@ -22,6 +24,9 @@ from .workarounds import FLA_MAX_STAGES_ENV_VAR, TRITON_CACHE_PER_RANK, TRITON_S
 FORWARD, BACKWARD = "forward", "backward"
 PASSES = (FORWARD, BACKWARD)
 TRITON_CACHE_SHARED = "triton-cache-shared-by-ranks"
+CPU_BF16_EMULATED = "cpu-bf16-without-dot-products"
+# The part a CPU entry concerns: not one registry op but every matrix multiply of the run (linear layers included).
+MATMULS = "matrix multiplies"
 
 
 @dataclass(frozen=True)
@@ -48,10 +53,10 @@ class VersionRange:
 @dataclass(frozen=True)
 class KnownIssue:
     key: str
-    part: str  # the op it concerns (``registry.OPS``)
-    kernel_family: str  # the kernel family of that op it concerns (``registry.FAMILIES``)
+    part: str  # the op it concerns (``registry.OPS``), or MATMULS
+    kernel_family: str | None  # the kernel family of that op it concerns (``registry.FAMILIES``); None: any
     summary: str
-    vendor: str  # "cuda" or "rocm"
+    vendor: str  # "cuda", "rocm" or "cpu" (a run without a GPU, or with ``use_cpu``)
     versions: tuple[VersionRange, ...]
     in_pass: str  # the pass the bug hits: FORWARD or BACKWARD
     upstream: tuple[str, ...]
@@ -65,9 +70,16 @@ class KnownIssue:
     avoided_by: str | None = None
     avoided_note: str = ""
     workaround: str | None = None  # what the plugin does about it itself (``workarounds.py``), if anything
+    run_dtype: str | None = None  # the dtype of the run it concerns (``run_dtype.DTYPES``); None: any
+    without_cpu_bf16: bool = False  # only on a CPU without bf16 dot products (``Stack.cpu_bf16_dot_products``)
+    only_slow: bool = False  # the run works, slower: a warning in every phase, never a stop
 
-    def matches(self, stack: Stack, passes: tuple[str, ...]) -> bool:
+    def matches(self, stack: Stack, passes: tuple[str, ...], dtype: str = BF16) -> bool:
         if self.in_pass not in passes or stack.device != self.vendor:
+            return False
+        if self.run_dtype is not None and dtype != self.run_dtype:
+            return False
+        if self.without_cpu_bf16 and stack.cpu_bf16_dot_products:
             return False
         if self.capability_from is not None:
             if stack.capability is None or not self.capability_from <= stack.capability < self.capability_below:
@@ -80,6 +92,8 @@ class KnownIssue:
         return self.avoided_by is not None and stack.version(self.avoided_by) is not None
 
     def where(self) -> str:
+        if self.vendor == "cpu":
+            return "cpu without bf16 dot products" if self.without_cpu_bf16 else "cpu"
         if self.capability_from is None:
             return f"{self.vendor} {', '.join(self.archs) or '(any GPU)'}"
         low, high = self.capability_from, self.capability_below
@@ -166,5 +180,33 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
             "place (atomic on POSIX); Primus's current script has its per-rank cache commented out"
         ),
         workaround=TRITON_CACHE_PER_RANK,
+    ),
+    KnownIssue(
+        key=CPU_BF16_EMULATED,
+        part=MATMULS,
+        kernel_family=None,
+        summary=(
+            "a bf16 run on a CPU without bf16 dot products (no AVX-512-BF16, AMX or Arm bf16): PyTorch and vLLM's "
+            "CPU build emulate every bf16 matrix multiply, many times slower than fp32 — the Zebra and a dense "
+            'model alike (measured: docs/benchmarks.md, "bf16 on a CPU without bf16 dot products")'
+        ),
+        vendor="cpu",
+        versions=(VersionRange("torch"),),
+        in_pass=FORWARD,
+        # #146508: bf16 (and fp16) matmuls 44-499x slower than fp32 on AVX2-only CPUs (open); #86550: PyTorch's
+        # AMP docs say bf16 can be slower than fp32 without AVX-512-BF16.
+        upstream=("pytorch/pytorch#146508", "pytorch/pytorch#86550"),
+        fixes=(
+            f"serving: vllm serve ... --dtype {FP32} (vLLM's auto serves a bf16 checkpoint in bf16)",
+            f"inference (chat, api, eval-long): infer_dtype: {FP32} (LLaMA-Factory's auto is fp32 on a CPU)",
+            "training: bf16: false",
+        ),
+        established=(
+            "measured on a 2-core AMD EPYC without avx512_bf16 or AMX (issue 46), and reproduced on an AMX Xeon "
+            "with oneDNN capped at AVX2 (ONEDNN_MAX_CPU_ISA=AVX2): docs/benchmarks.md"
+        ),
+        run_dtype=BF16,
+        without_cpu_bf16=True,
+        only_slow=True,
     ),
 )

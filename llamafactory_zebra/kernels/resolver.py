@@ -1,9 +1,10 @@
 """What each op of a Zebra run will call on a given machine, why, and what must stop the run.
 
 ``resolve()`` asks the registry (``decider.select``, the function the ops themselves call) with the call
-a run of the recipe makes on that machine — bf16 inputs on its GPU (on its CPU without one), the
-attention implementation LLaMA-Factory gives the model, the loss ``enable_liger_kernel`` asks for — and
-adds the known issues (``known_issues.py``) that apply. ``llamafactory-cli train`` resolves before the
+a run of the recipe makes on that machine — inputs in the run's dtype (bf16, the recipe's, unless the
+run names another) on its GPU (on its CPU without one), the attention implementation LLaMA-Factory gives
+the model, the loss ``enable_liger_kernel`` asks for — and adds the known issues (``known_issues.py``)
+that apply. ``llamafactory-cli train`` resolves before the
 model loads and stops on a blocking problem; inference entry points log the table;
 ``llamafactory-zebra doctor`` prints it for training, inference and serving. Since the rows come from
 the same function the ops call, the table is what runs (``tests/kernels/test_kernel_matrix.py`` checks it on
@@ -111,8 +112,10 @@ class Resolution:
         }
 
 
-def run_call(op: str, stack: Stack, attn_implementation: str = SDPA, liger_enabled: bool = True) -> Call:
-    """The call a run of the recipe makes to ``op`` on ``stack``: bf16 inputs on its GPU (its CPU without
+def run_call(
+    op: str, stack: Stack, attn_implementation: str = SDPA, liger_enabled: bool = True, dtype: torch.dtype = RUN_DTYPE
+) -> Call:
+    """The call a run of the recipe makes to ``op`` on ``stack``: ``dtype`` inputs on its GPU (its CPU without
     one), with each op's own facts as the serving layer and the model hand them over."""
     device = "cuda" if stack.has_gpu else "cpu"
     details: dict[str, object] = {}
@@ -128,7 +131,7 @@ def run_call(op: str, stack: Stack, attn_implementation: str = SDPA, liger_enabl
         details = {Fact.GRAD: False, Fact.SAME_GATE: True}
     elif op == CONV_IN_SLOTS:  # Zebra's 4-wide conv in vLLM's default conv-state layout
         details = {Fact.WIDTH: 4, Fact.CONV_STATE_DIM_FIRST: False, Fact.VLLM_CPU_PLATFORM: not stack.has_gpu}
-    return Call.on(device, RUN_DTYPE, **details)
+    return Call.on(device, dtype, **details)
 
 
 def resolve(
@@ -138,11 +141,13 @@ def resolve(
     attn_implementation: str = SDPA,
     liger_enabled: bool = True,
     serving: bool = False,
+    dtype: torch.dtype = RUN_DTYPE,
 ) -> Resolution:
     """Resolve every op of a training run (forward + backward), inference (forward only) or vLLM serving.
 
     ``attn_implementation`` is what the run asks transformers for (``attn_implementation_for`` of
-    LLaMA-Factory's ``flash_attn``); ``liger_enabled`` is ``enable_liger_kernel`` (training only).
+    LLaMA-Factory's ``flash_attn``); ``liger_enabled`` is ``enable_liger_kernel`` (training only); ``dtype``
+    is what the run computes in.
     """
     phase = TRAINING if training else SERVING if serving else INFERENCE
     problems: list[Problem] = []
@@ -152,7 +157,7 @@ def resolve(
         why = "flash-attn is not installed" if not stack.version("flash-attn") else "no GPU"
         attn_implementation, attention_note = SDPA, f"flash_attn: fa2 but {why}: LLaMA-Factory falls back to sdpa"
     for op in PHASE_OPS[phase]:
-        call = run_call(op, stack, attn_implementation, liger_enabled)
+        call = run_call(op, stack, attn_implementation, liger_enabled, dtype)
         try:
             selection = select(op, call, stack)
         except KernelUnavailable as error:
@@ -164,8 +169,9 @@ def resolve(
             _add_once(problems, Problem(op, WARN, missing_message(missed), key=missed.missing_warning))
         choices.append(_choice(op, selection, attn_implementation, attention_note))
     passes = PASSES if training else (FORWARD,)
+    dtype_name = str(dtype).removeprefix("torch.")
     for issue in KNOWN_ISSUES:
-        problems += _issue_problems(issue, stack, choices, passes, training)
+        problems += _issue_problems(issue, stack, choices, passes, training, dtype_name)
     return Resolution(phase, stack, tuple(choices), tuple(problems))
 
 
@@ -205,12 +211,14 @@ def _add_once(problems: list[Problem], problem: Problem) -> None:
 
 
 def _issue_problems(
-    issue: KnownIssue, stack: Stack, choices: list[Choice], passes: tuple[str, ...], training: bool
+    issue: KnownIssue, stack: Stack, choices: list[Choice], passes: tuple[str, ...], training: bool, dtype: str
 ) -> list[Problem]:
-    if not any(c.part == issue.part and c.family == issue.kernel_family for c in choices):
+    if issue.kernel_family is not None and not any(
+        c.part == issue.part and c.family == issue.kernel_family for c in choices
+    ):
         return []
-    source = f"{issue.summary} ({', '.join(issue.upstream)})"
-    if issue.matches(stack, passes):
+    source = f"{issue.summary} ({', '.join(issue.upstream)})" if issue.upstream else issue.summary
+    if issue.matches(stack, passes, dtype):
         if issue.workaround is not None:
             return [
                 Problem(
@@ -219,7 +227,8 @@ def _issue_problems(
             ]
         if issue.avoided(stack):
             return [Problem(issue.part, WARN, f"{source}; {issue.avoided_note}", key=issue.key)]
-        return [Problem(issue.part, STOP if training else WARN, source, issue.fixes, issue.key)]
-    if not training and issue.workaround is None and issue.matches(stack, ("forward", "backward")):
+        severity = STOP if training and not issue.only_slow else WARN
+        return [Problem(issue.part, severity, source, issue.fixes, issue.key)]
+    if not training and issue.workaround is None and issue.matches(stack, ("forward", "backward"), dtype):
         return [Problem(issue.part, NOTE, f"not affected (forward only): {source}", key=issue.key)]
     return []

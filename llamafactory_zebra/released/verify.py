@@ -22,6 +22,7 @@ from huggingface_hub.errors import StrictDataclassError
 from ..attention_policy import SDPA
 from ..configuration_zebra import MLA_NORM_NONE, ZebraConfig
 from ..kernels import this_machine
+from ..kernels.run_dtype import run_dtype
 from ..layers.mla import ZebraMLA
 from .keys import checkpoint_keys
 from .layout import RELEASED_HYBRID_CONFIG, RELEASED_LAYOUT, checkpoint_layout, load_checkpoint_config
@@ -95,14 +96,6 @@ def verification_tokens(tokenizer, max_tokens: int) -> torch.Tensor:
     return torch.tensor([ids])
 
 
-def pick_dtype(name: str) -> torch.dtype:
-    """``auto``: bf16 where it runs natively (a GPU, or a CPU with bf16 dot products), fp32 elsewhere."""
-    if name != "auto":
-        return getattr(torch, name)
-    machine = this_machine()
-    return torch.bfloat16 if machine.has_gpu or machine.cpu_bf16_dot_products else torch.float32
-
-
 # The next convention must score at least this much worse than the best for a verdict: between the spread
 # of untrained models (all four at chance) and the lead of a trained one. The measured spreads it sits
 # between: docs/architecture.md, "MLA conventions".
@@ -174,7 +167,7 @@ def load_checkpoint(model_dir: str, dtype: torch.dtype) -> tuple[torch.nn.Module
 
 def verify_checkpoint(model_dir: str, dtype_name: str = "auto", max_tokens: int = 512) -> tuple[str, int]:
     """The report ``llamafactory-zebra verify`` prints and its exit status (``OK``, ``MISMATCH``, ``INCONCLUSIVE``)."""
-    dtype = pick_dtype(dtype_name)
+    dtype = getattr(torch, run_dtype(dtype_name, this_machine()))  # the machine the model runs on, never a fake
     started = time.monotonic()
     model, tokenizer = load_checkpoint(model_dir, dtype)
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -187,3 +188,32 @@ def check_within_bf16_noise(model: ZebraForCausalLM, served_list: list[Served], 
     # A near-tie: the reference's argmax beats vLLM's token by no more than bf16's own noise.
     assert max(gaps) <= 2 * floor_max, summary
     return summary
+
+
+# vLLM's model runners, by the value of the switch that forces each (``serving/vllm/runner.py``).
+RUNNERS = {"V1": "0", "V2": "1"}
+RUNNER_ENV_VAR = "VLLM_USE_V2_MODEL_RUNNER"
+_REFUSAL_PROBE = """
+import sys
+from vllm.engine.arg_utils import EngineArgs
+try:
+    EngineArgs(model=sys.argv[1], dtype="float32", enforce_eager=True, max_model_len=512,
+               skip_tokenizer_init=True).create_engine_config()
+except Exception as error:  # vLLM's refusal, whatever its type (pydantic wraps a ValueError)
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    print("REFUSED", type(error).__name__ + ": " + " ".join(lines).split(" [type=")[0])
+"""
+
+
+def runner_refusal(path, runner: str) -> str | None:
+    """vLLM's own reason for refusing to build an engine for the checkpoint at ``path`` under ``runner`` (``V1``
+    or ``V2``, forced by ``VLLM_USE_V2_MODEL_RUNNER``), or None when it builds the configuration: asked of vLLM in
+    a fresh interpreter (vLLM reads the switch once per process), never assumed."""
+    env = {**os.environ, RUNNER_ENV_VAR: RUNNERS[runner]}
+    result = subprocess.run(
+        [sys.executable, "-c", _REFUSAL_PROBE, str(path)], env=env, capture_output=True, text=True, timeout=600
+    )
+    if result.returncode != 0:
+        return f"the probe exited with {result.returncode}: {result.stderr.strip().splitlines()[-1:]}"
+    refused = [line for line in result.stdout.splitlines() if line.startswith("REFUSED ")]
+    return refused[0].removeprefix("REFUSED ") if refused else None

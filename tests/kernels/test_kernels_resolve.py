@@ -235,7 +235,9 @@ def _training_run(model_args, logger, use_cpu=False):
     """The run object ``training.py`` hands its steps, with only what the kernel step reads."""
     from training_runs import training_run
 
-    return training_run(model_args, training=types.SimpleNamespace(use_cpu=use_cpu), logger=logger)
+    training = types.SimpleNamespace(use_cpu=use_cpu, bf16=not use_cpu, fp16=False)  # the recipe: bf16 on GPUs
+    finetuning = types.SimpleNamespace(pure_bf16=False)
+    return training_run(model_args, training=training, finetuning=finetuning, logger=logger)
 
 
 def test_training_step_raises_with_the_fixes_last_and_logs_the_table_once(monkeypatch):

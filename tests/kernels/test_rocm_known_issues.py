@@ -92,8 +92,10 @@ def test_the_training_preflight_sets_the_cache_before_the_model_loads(monkeypatc
     logger = types.SimpleNamespace(info_rank0=logged.append, warning_rank0=logged.append)
     model_args = types.SimpleNamespace(model_name_or_path="amd/HyLo-Qwen-7MLA21GDN-64K", flash_attn="auto",
                                        enable_liger_kernel=True)  # fmt: skip
-    training = types.SimpleNamespace(use_cpu=False)
-    kernel_choice.training_kernel_step(training_run(model_args, training=training, logger=logger))
+    training = types.SimpleNamespace(use_cpu=False, bf16=True, fp16=False)
+    finetuning = types.SimpleNamespace(pure_bf16=False)
+    run = training_run(model_args, training=training, finetuning=finetuning, logger=logger)
+    kernel_choice.training_kernel_step(run)
     import os
 
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "rank_1")

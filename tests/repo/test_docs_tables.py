@@ -2,7 +2,7 @@
 
 - ``docs/gpu.md``'s kernel table: generated from the registry's rows and switches (``tools/kernel_table.py``), so
   the page must hold exactly the generated text;
-- the known-issue tables of ``docs/gpu.md`` (CUDA) and ``docs/rocm.md`` (ROCm): a row per
+- the known-issue tables of ``docs/gpu.md`` (CUDA, and CPU) and ``docs/rocm.md`` (ROCm): a row per
   ``kernels/known_issues.py`` entry, holding its bounded version ranges, its upstream references (repository
   name and issue number) and, on ROCm, whether the plugin applies a workaround;
 - ``docs/serving.md``'s count of the vLLM names the serving layer reads (``seams.VLLM_API``).
@@ -38,7 +38,7 @@ def known_issue_problems(pages: dict[str, str], issues=KNOWN_ISSUES) -> list[str
     }
     problems = []
     for issue in issues:
-        page = "gpu.md" if issue.vendor == "cuda" else "rocm.md"
+        page = "rocm.md" if issue.vendor == "rocm" else "gpu.md"
         name, row = rows.get(issue.key, (None, ""))
         if name != page:
             problems.append(f"{issue.key}: no row in docs/{page}")

@@ -34,6 +34,7 @@ from ...configuration_zebra import MLA, ZebraConfig
 from ...inventory import parameter_shapes
 from .gdn import GDN_PACKED_MODULES, ZebraGatedDeltaNet, gdn_state_dtype, gdn_state_shape
 from .mla import ZebraMLAAttention
+from .startup import announce
 
 # vLLM's packed parameters and the checkpoint modules stacked into them, in shard order (vLLM's
 # ``packed_modules_mapping``: the loader reads it to route checkpoint keys, LoRA to split adapters).
@@ -194,6 +195,7 @@ class ZebraForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsLoRA):
                 "tensor_parallel_size / pipeline_parallel_size: the Zebra vLLM model runs on one process only "
                 f"(got {parallel.tensor_parallel_size} / {parallel.pipeline_parallel_size})"
             )
+        announce(vllm_config)  # the run's known issues (bf16 on a CPU that emulates it) and the model runner
         self.config = config
         self.model = ZebraModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, prefix=maybe_prefix(prefix, "lm_head"))

@@ -8,8 +8,8 @@ the SHA-256 of the upstream source as read in vLLM 0.32 (or the parameters relie
 ``tests_vllm/test_vllm_seams.py`` fails when an upgrade changes any of them, so a changed upstream is
 re-read before the wrapper is trusted again, and :func:`install` logs the drift at start-up.
 
-:data:`VLLM_API` lists the vLLM names ``gdn.py``, ``mla.py``, ``model.py``, ``config_parser.py`` and this
-module read without replacing them — the GDN metadata's fields, the forward context's, the keyword names of
+:data:`VLLM_API` lists the vLLM names ``gdn.py``, ``mla.py``, ``model.py``, ``config_parser.py``, ``runner.py``
+and this module read without replacing them — the GDN metadata's fields, the forward context's, the keyword names of
 ``vllm._custom_ops.causal_conv1d_*_cpu``, the argument order of ``MambaStateShapeCalculator.
 gated_delta_net_state_shape``, the layers' constructor keywords — checked with ``inspect`` by the same
 test without starting an engine, so a vLLM bump fails naming the changed name, not as a parity failure.
@@ -208,6 +208,9 @@ VLLM_API: tuple[Seam, ...] = (
     Seam("vllm.model_executor.models.utils", "maybe_prefix", ("prefix", "name")),
     Seam("vllm.model_executor.model_loader.weight_utils", "default_weight_loader", ("param", "loaded_weight")),
     Seam("vllm", "ModelRegistry", fields=("register_model", "get_supported_archs")),
+    # startup.py / runner.py: the engine's dtype and which model runner vLLM chose.
+    Seam("vllm.config", "VllmConfig", fields=("model_config", "use_v2_model_runner")),
+    Seam("vllm.triton_utils", "HAS_TRITON"),
     # seams.py fix 3: how the KV cache describes its groups.
     Seam("vllm.v1.kv_cache_interface", "MambaSpec", fields=("block_size",)),
     Seam("vllm.v1.kv_cache_interface", "KVCacheGroupSpec", fields=("kv_cache_spec",)),
