@@ -32,12 +32,16 @@ def run(args: argparse.Namespace) -> int:
 
     why_not = _cannot_build_here()
     if why_not:
-        print(f"llamafactory-zebra build-kernels: this machine cannot build {WHAT}: {why_not}; the ops run their "
-              "PyTorch paths.")  # fmt: skip
+        print(
+            f"llamafactory-zebra build-kernels: this machine cannot build {WHAT}: {why_not}; the ops run their "
+            "PyTorch paths."
+        )
         return 1
     if os.environ.get(CPU_KERNELS_ENV_VAR) == "torch":
-        print(f"llamafactory-zebra build-kernels: {CPU_KERNELS_ENV_VAR}=torch is set, so the ops keep their PyTorch "
-              "paths while it is; building anyway.")  # fmt: skip
+        print(
+            f"llamafactory-zebra build-kernels: {CPU_KERNELS_ENV_VAR}=torch is set, so the ops keep their PyTorch "
+            "paths while it is; building anyway."
+        )
     directory = package_build_directory()
     built_before = is_built(directory)
     try:
