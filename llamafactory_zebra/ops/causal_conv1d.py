@@ -105,12 +105,14 @@ def _causal_conv1d_fla(x, weight, bias, activation, initial_state, output_final_
 
 
 def _causal_conv1d_torch(x, weight, bias, activation, initial_state, output_final_state, cu_seqlens):
-    """Lay every sequence out behind its own W history rows, then one shifted multiply-add per tap.
+    """The convolution over the packed tokens in place, one multiply-add per tap; then the few outputs whose
+    window starts before their sequence (its first ``W - 1`` tokens, which the shifted taps read from the
+    previous sequence) computed again from their own sequence's history.
 
-    The "extended stream" holds, per sequence, its initial state (W rows) followed by its tokens, so
-    a window that runs off the start of a sequence reads that sequence's history, never a neighbour.
-    Training calls (no final state) keep only x for backward and run the convolution again there
-    (``recompute.py``), not the stream and the pre-activation output (two more copies of x in fp32).
+    That costs ``W`` passes over the tokens and ``N * (W - 1)`` corrected rows, where laying each sequence out
+    behind its own history first costs two gathers of every token and a temporary per tap (about three times
+    slower on a CPU, docs/benchmarks.md). Training calls (no final state) keep only x for backward and run
+    the convolution again there (``recompute.py``), not the pre-activation output (another copy of x in fp32).
     """
     if not output_final_state:
         return recomputed(_causal_conv1d_torch_output, x, weight, bias, activation, initial_state, cu_seqlens), None
@@ -130,30 +132,47 @@ def _causal_conv1d_torch_pass(x, weight, bias, activation, initial_state, output
 
     tokens = x.reshape(num_tokens, channels).to(dtype)
     if initial_state is None:
-        history = tokens.new_zeros(num_seqs * width, channels)
+        history = tokens.new_zeros(num_seqs, width, channels)
     else:
-        history = initial_state.to(dtype).transpose(1, 2).reshape(num_seqs * width, channels)
-    seq_of_token = torch.repeat_interleave(torch.arange(num_seqs), lengths)
-    token_pos = torch.arange(num_tokens) + width * (seq_of_token + 1)
-    block_start = starts + width * torch.arange(num_seqs)
-    history_pos = (block_start[:, None] + torch.arange(width)).flatten()
-    source = torch.empty(num_tokens + num_seqs * width, dtype=torch.int64)
-    source[token_pos] = torch.arange(num_tokens)
-    source[history_pos] = num_tokens + torch.arange(num_seqs * width)
-    stream = torch.cat([tokens, history])[source.to(x.device)]
+        history = initial_state.to(dtype).transpose(1, 2)  # [N, W, D], oldest first
+    taps = weight.to(dtype).t()  # [W, D]: taps[-1] weighs the current input, taps[-1 - s] the one s back
 
-    taps = weight.to(dtype).t()
-    span = stream.shape[0] - width + 1
-    out = sum(stream[w : w + span] * taps[w] for w in range(width))
-    y = out[(token_pos - (width - 1)).to(x.device)]
+    out = tokens * taps[-1]
+    for back in range(1, width):
+        out[back:].addcmul_(tokens[:-back], taps[-1 - back])
+    seq, last = _border_rows(lengths, width)
+    if len(seq):
+        rows = (starts[seq] + last).to(x.device)
+        out.index_copy_(0, rows, (_windows(tokens, history, starts, seq, last, width) * taps).sum(1))
     if bias is not None:
-        y = y + bias.to(dtype)
-    y = _activate(y, activation).view(batch, seq_len, channels).to(x.dtype)
+        out = out + bias.to(dtype)
+    y = _activate(out, activation).view(batch, seq_len, channels).to(x.dtype)
     if not output_final_state:
         return y, None
-    last = ((block_start + lengths)[:, None] + torch.arange(width)).flatten().to(x.device)
-    final = stream[last].view(num_seqs, width, channels).transpose(1, 2).to(x.dtype)
-    return y, final
+    everything = torch.arange(num_seqs)
+    final = _windows(tokens, history, starts, everything, lengths - 1, width)
+    return y, final.transpose(1, 2).to(x.dtype)
+
+
+def _border_rows(lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sequence, position)`` of every token among the first ``W - 1`` of its sequence (CPU int64)."""
+    positions = torch.arange(width - 1)
+    present = positions[None, :] < lengths[:, None]
+    seq, last = present.nonzero(as_tuple=True)
+    return seq, positions[last]
+
+
+def _windows(tokens, history, starts, seq, last, width) -> torch.Tensor:
+    """``[K, W, D]``: the ``W`` inputs (oldest first) of the windows ending at position ``last[k]`` of
+    sequence ``seq[k]`` (``-1``: before its first token), read from its tokens and, before them, its history."""
+    relative = last[:, None] - (width - 1) + torch.arange(width)  # [K, W]
+    if tokens.shape[0] == 0:
+        return history[seq[:, None], width + relative]
+    device = tokens.device
+    from_tokens = (relative >= 0).to(device)[..., None]
+    own = tokens[(starts[seq][:, None] + relative).clamp(min=0).to(device)]
+    before = history[seq[:, None].to(device), (width + relative).clamp(max=width - 1).to(device)]
+    return torch.where(from_tokens, own, before)
 
 
 def causal_conv1d_update(

@@ -34,8 +34,8 @@ def make(num_tokens, channels=5, num_seqs=1, seed=0):
     return [t.requires_grad_() for t in (x, weight, bias, state)]
 
 
-# Segments of 1 and 2 tokens are shorter than the kernel; 9 spans more than two windows.
-LENGTHS = [3, 1, 9, 2, 5]
+# Segments of 1 and 2 tokens are shorter than the kernel, an empty one keeps its state; 9 spans more than two windows.
+LENGTHS = [3, 1, 0, 9, 2, 5]
 
 
 @pytest.mark.parametrize("use_state, use_bias, activation", [(True, True, "silu"), (False, False, None)])
@@ -83,6 +83,14 @@ def test_training_calls_keep_only_their_inputs_and_get_autograds_gradients(use_s
         torch.autograd.grad(y, leaves, upstream), torch.autograd.grad(want, leaves, upstream), strict=True
     ):
         assert torch.equal(mine, theirs)
+
+
+def test_no_tokens_at_all_return_the_initial_state():
+    x, weight, bias, state = [t.detach() for t in make(0, num_seqs=2)]
+    cu = torch.tensor([0, 0, 0], dtype=torch.int32)
+    y, final = causal_conv1d(x[None], weight, bias, initial_state=state, output_final_state=True, cu_seqlens=cu)
+    assert y.shape == (1, 0, x.shape[-1])
+    assert torch.equal(final, state)
 
 
 def test_batched_rows_are_independent_sequences():
