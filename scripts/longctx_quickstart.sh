@@ -24,7 +24,7 @@ source "$VENV/bin/activate"
 # took the same time without them (docs/benchmarks.md), so this script does not spend minutes building them.
 export ZEBRA_CPU_KERNELS=${ZEBRA_CPU_KERNELS:-torch}
 OUT=saves/longctx                  # the YAMLs in examples/longctx/ read and write here
-SHORT_ROWS=${SHORT_ROWS:-30000}
+SHORT_ROWS=${SHORT_ROWS:-45000}
 SHORT_LENGTHS=${SHORT_LENGTHS:-100-300}
 MID_ROWS=${MID_ROWS:-600}
 MID_LENGTHS=${MID_LENGTHS:-512-4096}
