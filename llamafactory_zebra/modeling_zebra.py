@@ -290,7 +290,10 @@ class ZebraPreTrainedModel(PreTrainedModel):
         - Weights that do not match the layer plan are an error, not a warning: transformers would initialise
           a missing tensor at random (its common tests expect that of a missing ``lm_head.weight``), which
           for a checkpoint only shows up as a model that writes noise. The message names the keys and, for
-          a missing head, the fix (:data:`MISSING_KEY_FIXES`).
+          a missing head, the fix (:data:`MISSING_KEY_FIXES`). An unexpected key under the Zebra's own
+          modules (``model.``, ``lm_head.``: a layer the plan lacks) is refused too; one outside them
+          belongs to a wrapper that saved into the same file (trl's value head, ``v_head.summary.*``), and is
+          left to transformers, which reports it in the loading info and its load report, as for any model.
         """
         if config is None and checkpoint_layout(pretrained_model_name_or_path) == RELEASED_LAYOUT:
             fields = {field.name for field in dataclasses.fields(ZebraConfig)} - {"dtype"}
@@ -300,7 +303,13 @@ class ZebraPreTrainedModel(PreTrainedModel):
         model, info = super().from_pretrained(
             pretrained_model_name_or_path, *args, config=config, output_loading_info=True, **kwargs
         )
-        problems = {kind: sorted(info.get(kind) or ()) for kind in ("missing_keys", "unexpected_keys")}
+        own_modules = {name.split(".", 1)[0] for name in model.state_dict()}
+        problems = {
+            "missing_keys": sorted(info.get("missing_keys") or ()),
+            "unexpected_keys": sorted(
+                key for key in info.get("unexpected_keys") or () if key.split(".", 1)[0] in own_modules
+            ),
+        }
         if any(problems.values()):
             details = "; ".join(
                 f"{kind} ({len(keys)}): {', '.join(map(str, keys[:8]))}" for kind, keys in problems.items() if keys

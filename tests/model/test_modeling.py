@@ -306,3 +306,35 @@ def test_model_builds_for_a_config_without_mla_layers():
         model.generate(prompt, max_new_tokens=5, do_sample=False),
         model.generate(prompt, max_new_tokens=5, do_sample=False, use_cache=False),
     )
+
+
+def test_value_head_checkpoint_reloads_with_the_wrapper_keys_reported(tmp_path):
+    """trl's value-head wrapper saves ``v_head.summary.*`` into the model's own file (the format of its PPO and
+    value-head tools); transformers reports such keys as unexpected and loads, and so does the Zebra. The
+    Zebra's own weights still load exactly, and the wrapper reloads its head from the same file."""
+    from trl import AutoModelForCausalLMWithValueHead
+
+    source = tiny_model(dtype=torch.float32)
+    wrapped = AutoModelForCausalLMWithValueHead.from_pretrained(source)
+    wrapped.save_pretrained(tmp_path / "value-head")
+    model, info = ZebraForCausalLM.from_pretrained(
+        tmp_path / "value-head", dtype=torch.float32, output_loading_info=True
+    )
+    assert sorted(info["unexpected_keys"]) == ["v_head.summary.bias", "v_head.summary.weight"]
+    assert not info["missing_keys"]
+    for name, tensor in source.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
+    reloaded = AutoModelForCausalLMWithValueHead.from_pretrained(str(tmp_path / "value-head"), dtype=torch.float32)
+    torch.testing.assert_close(reloaded.v_head.summary.weight, wrapped.v_head.summary.weight, rtol=0, atol=0)
+
+
+def test_an_extra_layer_key_under_the_zebra_is_still_refused(tmp_path):
+    """A key under ``model.`` that the layer plan lacks is the Zebra's own mismatch, not a wrapper's: refused."""
+    from safetensors.torch import load_file, save_file
+
+    tiny_model(dtype=torch.float32).save_pretrained(tmp_path / "m")
+    weights = load_file(tmp_path / "m" / "model.safetensors")
+    weights["model.layers.9.mlp.up_proj.weight"] = torch.zeros(2, 2)
+    save_file(weights, tmp_path / "m" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"unexpected_keys \(1\): model.layers.9.mlp.up_proj.weight"):
+        ZebraForCausalLM.from_pretrained(tmp_path / "m")
