@@ -21,11 +21,15 @@ from llamafactory_zebra.testing.latent_cache import LatentProblem, LatentShapes,
 
 FP64_TOLERANCE = 1e-10
 SHAPES = {
-    "gqa_scaled": LatentShapes(heads=6, kv_heads=3, latent_dim=24, rope_dim=8, nope_dim=12, v_dim=10, scaled=True, padding=3),
+    "gqa_scaled": LatentShapes(
+        heads=6, kv_heads=3, latent_dim=24, rope_dim=8, nope_dim=12, v_dim=10, scaled=True, padding=3
+    ),
     "mqa_odd_heads": LatentShapes(heads=5, kv_heads=1, latent_dim=17, rope_dim=6, nope_dim=7, v_dim=9, scaled=True),
-    "gqa_unscaled": LatentShapes(heads=4, kv_heads=2, latent_dim=16, rope_dim=8, nope_dim=8, v_dim=12, scaled=False, padding=5),
+    "gqa_unscaled": LatentShapes(
+        heads=4, kv_heads=2, latent_dim=16, rope_dim=8, nope_dim=8, v_dim=12, scaled=False, padding=5
+    ),
     "one_head": LatentShapes(heads=1, kv_heads=1, latent_dim=8, rope_dim=4, nope_dim=4, v_dim=4, scaled=True),
-}  # fmt: skip
+}
 # Block size 16 with lengths on both sides of block borders, and a large block (vLLM's hybrid blocks are
 # thousands of tokens) holding requests shorter and longer than one block.
 LAYOUTS = {"block16": (16, [1, 15, 16, 17, 40]), "block528": (528, [1, 300, 529, 1100])}
@@ -123,7 +127,10 @@ def test_reference_matches_the_transformers_layers_latent_functions(mla_norm):
     length, queries, block_size = 37, 9, 16
     hidden = torch.randn(1, length, config.hidden_size, dtype=torch.float64)
     latent, rope_key = module.compress(hidden)
-    cos, sin = torch.randn(1, length, rope_dim, dtype=torch.float64), torch.randn(1, length, rope_dim, dtype=torch.float64)
+    cos, sin = (
+        torch.randn(1, length, rope_dim, dtype=torch.float64),
+        torch.randn(1, length, rope_dim, dtype=torch.float64),
+    )
     rope_entry = module.cache_entry(module.kv_b_proj(latent.squeeze(1)), rope_key, cos, sin)
     rows = torch.cat((latent, rope_entry), dim=-1)[0, 0]  # [S, R + P (+ kv)]
     blocks = -(-length // block_size)

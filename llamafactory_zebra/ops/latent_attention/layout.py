@@ -25,7 +25,9 @@ def check_cache(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.
     if block_table.dim() != 2 or block_table.dtype not in (torch.int32, torch.int64):
         _fail("block_table", f"must be a 2-D int32/int64 tensor, got {block_table.dtype} {tuple(block_table.shape)}")
     if seq_lens.dim() != 1 or seq_lens.shape[0] != block_table.shape[0]:
-        _fail("seq_lens", f"must be [B] with B = block_table rows ({block_table.shape[0]}), got {tuple(seq_lens.shape)}")
+        _fail(
+            "seq_lens", f"must be [B] with B = block_table rows ({block_table.shape[0]}), got {tuple(seq_lens.shape)}"
+        )
     capacity = block_table.shape[1] * cache.shape[1]
     if seq_lens.numel() and int(seq_lens.max()) > capacity:
         _fail("seq_lens", f"max {int(seq_lens.max())} exceeds block_table width x block_size = {capacity}")
@@ -56,7 +58,9 @@ def check_decode(
     """One query per request, ``H`` a multiple of ``kv_heads``, at least one cached token per request."""
     check_cache(cache, block_table, seq_lens)
     if q_latent.dim() != 3 or q_rope.dim() != 3 or q_latent.shape[:2] != q_rope.shape[:2]:
-        _fail("q_latent/q_rope", f"must be [T, H, R] and [T, H, P], got {tuple(q_latent.shape)}, {tuple(q_rope.shape)}")
+        _fail(
+            "q_latent/q_rope", f"must be [T, H, R] and [T, H, P], got {tuple(q_latent.shape)}, {tuple(q_rope.shape)}"
+        )
     tokens, heads, latent_dim = q_latent.shape
     if tokens != seq_lens.shape[0]:
         _fail("q_latent", f"has {tokens} queries for {seq_lens.shape[0]} requests: decode takes one query per request")
@@ -89,11 +93,11 @@ def check_prefill(
     if query_start_loc.dim() != 1 or query_start_loc.shape[0] != seq_lens.shape[0] + 1:
         _fail("query_start_loc", f"must be [B + 1] = [{seq_lens.shape[0] + 1}], got {tuple(query_start_loc.shape)}")
     starts = query_start_loc.tolist()
-    if starts[0] != 0 or starts[-1] != query.shape[0] or any(b < a for a, b in zip(starts, starts[1:])):
+    if starts[0] != 0 or starts[-1] != query.shape[0] or any(b < a for a, b in zip(starts, starts[1:], strict=False)):
         _fail("query_start_loc", f"must rise from 0 to T = {query.shape[0]}, got {starts}")
-    for b, (length, start, end) in enumerate(zip(seq_lens.tolist(), starts, starts[1:])):
+    for b, (length, start, end) in enumerate(zip(seq_lens.tolist(), starts, starts[1:], strict=False)):
         if end - start > length:
-            _fail("seq_lens", f"[{b}] = {length} is shorter than the request's {end - start} queries")
+            _fail(f"seq_lens[{b}]", f"= {length} is shorter than the request's {end - start} queries")
 
 
 def request_rows(cache: torch.Tensor, block_table: torch.Tensor, request: int, length: int) -> torch.Tensor:
