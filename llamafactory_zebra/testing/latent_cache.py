@@ -41,6 +41,22 @@ class LatentShapes:
 RELEASED = LatentShapes(heads=16, kv_heads=8, latent_dim=256, rope_dim=64, nope_dim=64, v_dim=128, scaled=True)
 
 
+# Small shapes for the kernel tests: GQA with and without scales and row padding, odd head counts, MQA.
+SHAPES = {
+    "gqa_scaled": LatentShapes(
+        heads=6, kv_heads=3, latent_dim=24, rope_dim=8, nope_dim=12, v_dim=10, scaled=True, padding=3
+    ),
+    "mqa_odd_heads": LatentShapes(heads=5, kv_heads=1, latent_dim=17, rope_dim=6, nope_dim=7, v_dim=9, scaled=True),
+    "gqa_unscaled": LatentShapes(
+        heads=4, kv_heads=2, latent_dim=16, rope_dim=8, nope_dim=8, v_dim=12, scaled=False, padding=5
+    ),
+    "one_head": LatentShapes(heads=1, kv_heads=1, latent_dim=8, rope_dim=4, nope_dim=4, v_dim=4, scaled=True),
+}
+# Block size 16 with lengths on both sides of block borders, and a large block (vLLM's hybrid blocks are
+# thousands of tokens) holding requests shorter and longer than one block.
+LAYOUTS = {"block16": (16, [1, 15, 16, 17, 40]), "block528": (528, [1, 300, 529, 1100])}
+
+
 @dataclass
 class LatentProblem:
     shapes: LatentShapes

@@ -17,22 +17,9 @@ from llamafactory_zebra import ZebraConfig
 from llamafactory_zebra.layers import mla_decode
 from llamafactory_zebra.layers.mla import ZebraMLA, eager_attention_forward
 from llamafactory_zebra.ops.latent_attention import latent_decode_reference, latent_prefill_reference
-from llamafactory_zebra.testing.latent_cache import LatentProblem, LatentShapes, make_problem
+from llamafactory_zebra.testing.latent_cache import LAYOUTS, SHAPES, LatentProblem, make_problem
 
 FP64_TOLERANCE = 1e-10
-SHAPES = {
-    "gqa_scaled": LatentShapes(
-        heads=6, kv_heads=3, latent_dim=24, rope_dim=8, nope_dim=12, v_dim=10, scaled=True, padding=3
-    ),
-    "mqa_odd_heads": LatentShapes(heads=5, kv_heads=1, latent_dim=17, rope_dim=6, nope_dim=7, v_dim=9, scaled=True),
-    "gqa_unscaled": LatentShapes(
-        heads=4, kv_heads=2, latent_dim=16, rope_dim=8, nope_dim=8, v_dim=12, scaled=False, padding=5
-    ),
-    "one_head": LatentShapes(heads=1, kv_heads=1, latent_dim=8, rope_dim=4, nope_dim=4, v_dim=4, scaled=True),
-}
-# Block size 16 with lengths on both sides of block borders, and a large block (vLLM's hybrid blocks are
-# thousands of tokens) holding requests shorter and longer than one block.
-LAYOUTS = {"block16": (16, [1, 15, 16, 17, 40]), "block528": (528, [1, 300, 529, 1100])}
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
