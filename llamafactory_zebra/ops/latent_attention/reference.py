@@ -86,9 +86,22 @@ def latent_prefill_reference(
         visible = torch.ones(end - start, length, dtype=torch.bool, device=query.device).tril(context)
         weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
         outputs.append(torch.einsum("hqk,khv->qhv", weights, values))
-    if not outputs:  # no queries: ask expand for the value width
-        empty = cache[0, :0]
-        scales = None if scales_offset is None else empty[:, scales_offset : scales_offset + kv_heads]
-        values = expand(empty[:, :latent_dim], empty[:, latent_dim : latent_dim + rope_dim], scales)[1]
-        return query.new_empty(0, heads, values.shape[-1])
+    if not outputs:
+        return no_queries_output(query, cache, expand, latent_dim, rope_dim, kv_heads, scales_offset)
     return torch.cat(outputs).to(query.dtype)
+
+
+def no_queries_output(
+    query: torch.Tensor,
+    cache: torch.Tensor,
+    expand: Expand,
+    latent_dim: int,
+    rope_dim: int,
+    kv_heads: int,
+    scales_offset: int | None,
+) -> torch.Tensor:
+    """``[0, H, Dv]`` for a call without queries: ``expand`` of no rows says the value width."""
+    empty = cache[0, :0]
+    scales = None if scales_offset is None else empty[:, scales_offset : scales_offset + kv_heads]
+    values = expand(empty[:, :latent_dim], empty[:, latent_dim : latent_dim + rope_dim], scales)[1]
+    return query.new_empty(0, query.shape[1], values.shape[-1])
