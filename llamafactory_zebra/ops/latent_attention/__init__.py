@@ -10,17 +10,17 @@ tested against.
 """
 
 from .cpu_decode import latent_decode_cpu
-from .prefill import latent_prefill_blocked
+from .prefill import latent_prefill_cpu
 from .reference import latent_decode_reference, latent_prefill_reference
 
 latent_decode = latent_decode_cpu
-latent_prefill = latent_prefill_blocked
+latent_prefill = latent_prefill_cpu
 
 __all__ = [
     "latent_decode",
     "latent_decode_cpu",
     "latent_decode_reference",
     "latent_prefill",
-    "latent_prefill_blocked",
+    "latent_prefill_cpu",
     "latent_prefill_reference",
 ]
