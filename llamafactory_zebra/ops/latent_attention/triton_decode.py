@@ -16,8 +16,9 @@ The model is the grouped split-K decode vLLM's Triton MLA backend runs (``_fwd_g
   Small and key-agnostic, so the package's own rather than vLLM's private one (no vLLM import: it runs in
   both venvs and under ``TRITON_INTERPRET=1``).
 
-fp32 caches take IEEE fp32 dot products (not TF32); bf16/fp16 caches multiply in their dtype with fp32
-accumulation, as vLLM's kernel does (the softmax weights are rounded to the cache dtype for the second
+The dot products ask for IEEE precision: fp32 caches get fp32 products (not TF32; ``ieee`` is also the
+one precision every backend accepts), bf16/fp16 caches multiply in their dtype with fp32 accumulation,
+as vLLM's kernel does (the softmax weights are rounded to the cache dtype for the second
 product). Tested against ``reference.py`` under Triton's interpreter (``tests/ops/test_latent_attention_triton.py``)
 and on a GPU by ``tools/gpu_check.py``.
 """
@@ -69,7 +70,6 @@ def _split_kernel(
     BLOCK_N: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
     SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
 ):
     request = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -107,8 +107,8 @@ def _split_kernel(
         rows = page * stride_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_token  # [BLOCK_N]
         latent = tl.load(cache + rows[:, None] + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0)
         rope = tl.load(cache + rows[:, None] + R + offs_p[None, :], mask=mask_n[:, None] & mask_p[None, :], other=0.0)
-        qk = tl.dot(ql.to(latent.dtype), tl.trans(latent), input_precision=DOT_PRECISION)
-        qk += tl.dot(qr.to(rope.dtype), tl.trans(rope), input_precision=DOT_PRECISION)
+        qk = tl.dot(ql.to(latent.dtype), tl.trans(latent), input_precision="ieee")
+        qk += tl.dot(qr.to(rope.dtype), tl.trans(rope), input_precision="ieee")
         if HAS_SCALES:
             scales = tl.load(
                 cache + rows[None, :] + SCALES_OFFSET + kv_head[:, None],
@@ -122,7 +122,7 @@ def _split_kernel(
         new_max = tl.maximum(tl.max(qk, 1), e_max)
         correction = tl.exp(e_max - new_max)
         p = tl.exp(qk - new_max[:, None])
-        acc = acc * correction[:, None] + tl.dot(p.to(latent.dtype), latent, input_precision=DOT_PRECISION)
+        acc = acc * correction[:, None] + tl.dot(p.to(latent.dtype), latent, input_precision="ieee")
         e_sum = e_sum * correction + tl.sum(p, 1)
         e_max = new_max
 
@@ -225,7 +225,6 @@ def latent_decode_triton(
         BLOCK_N=BLOCK_N,
         PAGE_SIZE=cache.shape[1],
         SPLITS=splits,
-        DOT_PRECISION="ieee" if cache.dtype == torch.float32 else "tf32",
     )
     _merge_kernel[(tokens, heads)](
         mid,
