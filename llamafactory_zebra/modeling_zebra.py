@@ -35,12 +35,12 @@ from transformers.utils.output_capturing import capture_outputs
 
 from .attention_policy import EAGER
 from .configuration_zebra import MLA, ZebraConfig
-from .kernels import BORDER_KERNELS, LOSS, Call, Key, detect_stack, packed_attention_kernel, select
+from .kernels import Call, Key, Op, detect_stack, packed_attention, select
 from .layers.gated_deltanet import ZebraGatedDeltaNet, ZebraShortConv, gdn_decay_init
 from .layers.mla import ZebraMLA
 from .layers.norms import ZebraRMSNorm
 from .layers.tiled_mlp import AUTO, set_mlp_tiles, tiled_mlp_forward
-from .loss import CHUNKED, LIGER, fused_causal_lm_loss
+from .loss import fused_causal_lm_loss
 from .packing import block_causal_mask, cu_seqlens_from_segment_ids, flash_varlen_kwargs, packed_segment_ids
 from .parallel import SequenceParallelContext, build_sequence_parallel_context, gather_row_segment_ids
 from .quantization import keep_unfit_linears_out_of_4bit, wants_bnb_4bit
@@ -463,8 +463,9 @@ class ZebraModel(ZebraPreTrainedModel):
         - GDN: ``cu_seqlens`` (packed rows; see ``packing.py``) and ``padding_mask`` (1 = token);
         - MLA: ``attention_mask`` (causal, the caller's 4-D mask, block-causal for eager, or ``None``) and,
           for packed rows on FlashAttention or sdpa, the samples' borders as FlashAttention's varlen
-          arguments (``cu_seq_lens_q/k``), with no mask: ``kernels.packed_attention_kernel`` (the
-          registry's ``attention`` op) names the kernel that reads them;
+          arguments (``cu_seq_lens_q/k``), with no mask, when the entry ``kernels.packed_attention`` chooses (the
+          registry's ``attention`` op) reads them (``reads_borders``; FlashAttention's also over a caller's
+          4-D mask, ``ignores_masks``);
         - both, under sequence parallelism: ``sp_context``, whose mixers exchange what crosses shards;
         - MLA, ``output_attentions``: the attention maps are wanted, so packed rows get the block-causal mask
           (eager's) rather than borders, which no kernel that returns weights reads.
@@ -496,13 +497,12 @@ class ZebraModel(ZebraPreTrainedModel):
             return inputs
         inputs["cu_seqlens"] = cu_seqlens_from_segment_ids(segment_ids)
         implementation = EAGER if output_attentions else self.config._attn_implementation
-        kernel = packed_attention_kernel(implementation, inputs_embeds.device.type)
-        if kernel == Key.FLASH_VARLEN:
+        entry = packed_attention(implementation, inputs_embeds.device.type)
+        given_mask = attention_mask is not None and attention_mask.dim() == 4
+        if entry.reads_borders and (entry.ignores_masks or not given_mask):
             inputs.update(flash_varlen_kwargs(segment_ids))
-        elif attention_mask is not None and attention_mask.dim() == 4:
+        elif given_mask:
             inputs["attention_mask"] = attention_mask
-        elif kernel in BORDER_KERNELS:
-            inputs.update(flash_varlen_kwargs(segment_ids))
         else:
             inputs["attention_mask"] = block_causal_mask(segment_ids)
         return inputs
@@ -603,11 +603,13 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
         otherwise); ``liger`` or ``chunked`` demands one. Only training forwards with labels change; they
         return no logits. Returns what a forward on this machine's GPU (its CPU without one) will run.
         """
-        if backend not in ("auto", LIGER, CHUNKED):
-            raise ValueError(f"fused cross-entropy backend must be 'auto', {LIGER!r} or {CHUNKED!r}, got {backend!r}")
+        if backend not in ("auto", Key.LIGER, Key.CHUNKED):
+            raise ValueError(
+                f"fused cross-entropy backend must be 'auto', {Key.LIGER!r} or {Key.CHUNKED!r}, got {backend!r}"
+            )
         self.fused_cross_entropy = backend
         call = Call.on("cuda" if detect_stack().has_gpu else "cpu")
-        return select(LOSS, call, force=self._demanded_loss()).kernel.key
+        return select(Op.LOSS, call, force=self._demanded_loss()).kernel.key
 
     def _demanded_loss(self) -> str | None:
         """``enable_fused_cross_entropy``'s demand, ``None`` for the registry's own choice."""

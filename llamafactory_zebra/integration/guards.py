@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..attention_policy import LLAMAFACTORY_FA2, SDPA, attn_implementation_for, flash_attn_value
 from ..configuration_zebra import is_zebra_config
 from ..hparams import TrainingRun, data_parallel_size, optimizer_steps_per_epoch, total_optimizer_steps
-from ..kernels import packed_attention_kernel, this_machine
+from ..kernels import packed_attention, this_machine
 from .config_conflicts import check_deepspeed_conflicts, deepspeed_warnings
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def _accelerator_warnings(model_args: ModelArguments, training_args: TrainingArg
     from transformers.utils import is_flash_attn_2_available
 
     if attention == LLAMAFACTORY_FA2 and not is_flash_attn_2_available():
-        kernel = packed_attention_kernel(SDPA, "cuda")
+        kernel = packed_attention(SDPA, "cuda").key
         warnings.append(
             f"flash_attn: fa2 in {arguments} but flash-attn is not installed: LLaMA-Factory falls back to SDPA, "
             f"which runs packed rows on {kernel} (docs/architecture.md#packed-sequences); install flash-attn "

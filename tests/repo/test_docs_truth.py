@@ -3,8 +3,8 @@
 Cheap checks, like the seam-table test: the README's layout block names every subpackage and
 top-level module of ``llamafactory_zebra/``, every repository path the docs quote exists, and every name
 of this package the docs quote in backticks exists (``ZebraMLA.expand``, ``released.checkpoint_layout(path)``,
-``packed_attention_kernel(...)``); the package's docstrings and comments are held to the same paths and to
-the dotted names they quote (``kernels.packed_attention_kernel``). Each failure lists exactly what is
+``packed_attention(...)``); the package's docstrings and comments are held to the same paths and to
+the dotted names they quote (``kernels.packed_attention``). Each failure lists exactly what is
 missing, so a moved, renamed or new module or function is a one-line docs fix.
 """
 
@@ -294,12 +294,12 @@ def test_every_path_and_dotted_name_the_package_quotes_exists():
 
 def test_a_renamed_function_method_or_module_is_reported():
     """The name check on edited lines: a renamed method, module-level function, bare call and module."""
-    good = "`ZebraMLA.expand`, `released.checkpoint_layout(path)`, `packed_attention_kernel(name, device)`"
+    good = "`ZebraMLA.expand`, `released.checkpoint_layout(path)`, `packed_attention(name, device)`"
     assert missing_names({"a.md": good}) == []
     renamed = {
         "ZebraMLA.expand": "ZebraMLA.expand_latents",
         "released.checkpoint_layout": "released.layout_of",
-        "packed_attention_kernel": "packed_kernel",
+        "packed_attention": "packed_kernel",
     }
     for old, new in renamed.items():
         assert missing_names({"a.md": good.replace(old, new)}) == [f"a.md:1: {new}"]
