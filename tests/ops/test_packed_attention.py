@@ -12,9 +12,10 @@ import warnings
 import pytest
 import torch
 
-from llamafactory_zebra import kernels, modeling_zebra
+from llamafactory_zebra import kernels
 from llamafactory_zebra.kernels import Key
 from llamafactory_zebra.kernels.switches import PACKED_SDPA_ENV_VAR
+from llamafactory_zebra.layers import mixer_inputs
 from llamafactory_zebra.layers.mla import ZebraMLA
 from llamafactory_zebra.modeling_zebra import ZebraRotaryEmbedding
 from llamafactory_zebra.ops import packed_attention
@@ -190,7 +191,7 @@ def test_tiny_model_on_borders_equals_the_dense_mask_and_builds_no_mask(monkeypa
 
     calls = []
     original = packed_attention.per_segment_sdpa
-    monkeypatch.setattr(modeling_zebra, "block_causal_mask", _no_dense_mask)
+    monkeypatch.setattr(mixer_inputs, "block_causal_mask", _no_dense_mask)
     monkeypatch.setattr(
         "llamafactory_zebra.layers.mla.per_segment_sdpa", lambda *a, **k: calls.append(1) or original(*a, **k)
     )

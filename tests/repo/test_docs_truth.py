@@ -270,6 +270,39 @@ def test_readme_layout_names_every_subpackage_and_top_level_module_and_nothing_e
     assert not stale, f"README.md's layout block names what the package no longer has: {', '.join(stale)}"
 
 
+def layout_entry(layout: str, folder: str) -> str:
+    """The layout block's entry for ``folder/``: its line and the indented lines that continue it."""
+    lines = layout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"  {folder}/"))
+    entry = [lines[start]]
+    for line in lines[start + 1 :]:
+        if not line.startswith("   "):
+            break
+        entry.append(line)
+    return "\n".join(entry)
+
+
+# The folders whose layout entry lists their modules one by one: the list holds every module.
+ENUMERATED_FOLDERS = ("kernels", "layers")
+
+
+def test_readme_layout_lists_every_module_of_the_folders_it_enumerates_and_every_command():
+    """The entries that enumerate a folder's modules name all of them, and the ``cli/`` entry names every top-level
+    command (aliases aside) and each group's subcommands, so a new module or command cannot leave the block
+    quietly behind."""
+    from llamafactory_zebra.cli.commands import SUBCOMMANDS
+
+    layout = layout_block((REPO / "README.md").read_text(encoding="utf-8"))
+    for folder in ENUMERATED_FOLDERS:
+        modules = {path.name for path in (PACKAGE / folder).glob("*.py") if path.name != "__init__.py"}
+        listed = set(re.findall(r"[\w]+\.py", layout_entry(layout, folder)))
+        assert modules <= listed, f"README.md's {folder}/ entry does not name: {', '.join(sorted(modules - listed))}"
+    commands = set(re.findall(r"[a-z][\w-]*", layout_entry(layout, "cli").split("llamafactory-zebra", 1)[1]))
+    wanted = {name for name, command in SUBCOMMANDS.items() if not command.help.startswith("alias of")}
+    wanted |= {sub for command in SUBCOMMANDS.values() for sub in command.subcommands}
+    assert wanted <= commands, f"README.md's cli/ entry does not name: {', '.join(sorted(wanted - commands))}"
+
+
 def test_every_quoted_repository_path_exists():
     missing = missing_paths(_documents(), REPO)
     assert not missing, "paths quoted in the docs that do not exist:\n" + "\n".join(missing)
