@@ -99,7 +99,7 @@ class Family(Name):
 
 
 class Fact(Name):
-    """What a call tells the registry beyond its inputs' device and dtype (``registry.FACTS``: which op reads
+    """What a call tells the registry beyond its inputs' device and dtype (``op_specs.OP_SPECS``: which op reads
     which; a call that names another fails)."""
 
     GRAD = "grad"  # the inputs need a gradient

@@ -138,10 +138,10 @@ def _accelerator_warnings(model_args: ModelArguments, training_args: TrainingArg
     return warnings
 
 
-def training_steps(
+def optimizer_steps(
     training_args: TrainingArguments, num_train_examples: int | None, sequence_parallel: int = 1
 ) -> int | None:
-    """Optimizer steps the Trainer will run (``hparams/training_steps.py``), or ``None`` if unknowable.
+    """Optimizer steps the Trainer will run (``hparams/optimizer_steps.py``), or ``None`` if unknowable.
 
     Sequence-parallel ranks share a batch, so only the data-parallel ranks
     (``hparams.data_parallel_size``) read different batches.
@@ -163,7 +163,7 @@ def _warmup_warning(run: TrainingRun, num_train_examples: int | None) -> str | N
     ratio = training_args.warmup_steps  # transformers >= 5 stores warmup_ratio here as a float < 1
     if not 0 < ratio < 1:
         return None
-    steps = training_steps(training_args, num_train_examples, run.zebra.sequence_parallel_size)
+    steps = optimizer_steps(training_args, num_train_examples, run.zebra.sequence_parallel_size)
     if steps is None:
         return None
     warmup = training_args.get_warmup_steps(steps)
