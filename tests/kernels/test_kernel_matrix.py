@@ -199,8 +199,9 @@ def test_gdn_recurrent(machine, monkeypatch):
 
 
 def test_conv_over_sequences_and_decode_steps(machine, monkeypatch):
-    sequence = spies(monkeypatch, Op.CONV, not machine.has_gpu, lambda x, *a: (x, None), entry_point=EntryPoint.SEQUENCE)
-    step = spies(monkeypatch, Op.CONV, not machine.has_gpu, lambda x, state, *a: (x, state), entry_point=EntryPoint.STEP)
+    real = not machine.has_gpu
+    sequence = spies(monkeypatch, Op.CONV, real, lambda x, *a: (x, None), entry_point=EntryPoint.SEQUENCE)
+    step = spies(monkeypatch, Op.CONV, real, lambda x, state, *a: (x, state), entry_point=EntryPoint.STEP)
 
     def run(device):
         x, weight = torch.randn(1, 9, 8, device=device), torch.randn(8, 4, device=device)
