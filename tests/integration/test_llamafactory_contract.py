@@ -284,3 +284,20 @@ def test_upcast_lmhead_output(stand_ins, tmp_path):
     inputs = torch.randn((1, 64), dtype=torch.float16, device=get_current_device())  # the tiny hidden size
     outputs: torch.Tensor = model.get_output_embeddings()(inputs)
     assert outputs.dtype == torch.float32
+
+
+# stage: ppo (LLaMA-Factory has no PPO test; docs/llamafactory.md, "Stages × methods × backends", footnote 2)
+
+
+def test_llamafactory_ppo_is_still_blocked_upstream():
+    """LLaMA-Factory 0.9.5's PPO trainer refuses every trl its other trainers import (>= 0.18) before it reads
+    its arguments, and trl's PPOConfig has dropped the arguments it passes. When this fails, PPO may run: add
+    the ``stage: ppo`` runs (Zebra policy; reward models full and LoRA, Zebra and dense) to
+    test_llamafactory_stages.py and update the docs' footnote."""
+    from llamafactory.train.ppo.trainer import CustomPPOTrainer
+    from trl import PPOConfig
+
+    with pytest.raises(ImportError, match=r"trl>=0\.8\.6,<=0\.9\.6 is required"):
+        CustomPPOTrainer(*[None] * 12)
+    with pytest.raises(TypeError, match="model_name"):
+        PPOConfig(model_name="policy", ppo_epochs=4, optimize_device_cache=True)
