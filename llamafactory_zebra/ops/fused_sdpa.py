@@ -1,15 +1,16 @@
 """MLA's attention through PyTorch's fused sdpa kernel on a CPU, whose memory grows linearly with the prompt.
 
 Why: PyTorch's CPU ``scaled_dot_product_attention`` has one fused kernel (blockwise, flash-style), and it takes
-only one head size for q, k and v and no ``enable_gqa``. MLA's heads have two sizes (q/k ``nope + rope``, v
-``v_head_dim``: 64 and 32 in ``tiny-16k``, 192 and 128 in the released models) and fewer key/value heads than
-query heads, so transformers' sdpa function (which passes ``enable_gqa`` when there is no mask) lands in the
-math kernel, which forms the ``[B, heads, T, T]`` scores and their softmax: 2.5 GB at 8K tokens with
-``tiny-16k``'s 4 heads, 40 GB at 32K, which is what killed a plain ``generate`` on a 32K prompt.
+one head size for q, k and v only. MLA's heads can have two (q/k ``nope + rope``, v ``v_head_dim``: 64 and 32 in
+``tiny-16k``), so transformers' sdpa function lands in the math kernel, which forms the ``[B, heads, T, T]``
+scores and their softmax: 2.5 GB at 8K tokens with ``tiny-16k``'s 4 heads, 40 GB at 32K, which is what killed
+a plain ``generate`` on a 32K prompt (``benchmarks/bench_generate_memory.py``, docs/benchmarks.md).
 
-:func:`fused_kernel_operands` repeats the key/value heads to the query heads and pads the narrower heads with
-zero columns to the wider size, which the fused kernel takes; zero columns change no score (the softmax scale
-is passed explicitly, not taken from the padded width) and add only zero output columns, which are cut off.
+:func:`fused_kernel_operands` pads the narrower heads with zero columns to the wider size, which the fused
+kernel takes; zero columns change no score (the softmax scale is passed explicitly, not taken from the padded
+width) and add only zero output columns, which are cut off. It also repeats the key/value heads to the query
+heads (a copy linear in ``T``), so the call does not depend on whether this PyTorch's fused CPU kernel takes
+``enable_gqa`` (2.14's does).
 ``per_segment_sdpa`` (packed rows, ``packed_attention.py``) and :func:`fused_sdpa_attention` (one sequence
 per row, a mask or none) both call it.
 """
