@@ -104,8 +104,8 @@ def test_sdpa_model_on_cpu_picks_the_fused_function():
 
 
 def test_sdpa_generate_equals_eager_on_an_odd_length_prompt_without_the_math_kernel():
-    """A whole prompt (odd length) and a greedy continuation: sdpa's logits and tokens are eager's, and the
-    sdpa model's MLA never needs anything but the flash kernel."""
+    """A whole prompt (odd length) and a greedy continuation, one-shot and in chunks: sdpa's logits and tokens
+    are eager's, and the sdpa model's MLA never needs anything but the flash kernel."""
     eager, sdpa = _long_context_model("eager"), _long_context_model("sdpa")
     sdpa.load_state_dict(eager.state_dict())
     ids = torch.randint(1, 97, (1, 301), generator=torch.Generator().manual_seed(0))
@@ -114,6 +114,8 @@ def test_sdpa_generate_equals_eager_on_an_odd_length_prompt_without_the_math_ker
         with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
             got = sdpa(ids).logits
             got_tokens = sdpa.generate(ids, max_new_tokens=6, do_sample=False)
+            # Chunked prefill (eval-long's): chunks after the first read the cache one key head at a time.
+            chunked_tokens = sdpa.generate(ids, max_new_tokens=6, do_sample=False, prefill_chunk_size=128)
         want_tokens = eager.generate(ids, max_new_tokens=6, do_sample=False)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert torch.equal(got_tokens, want_tokens)
+    assert torch.equal(got_tokens, want_tokens) and torch.equal(chunked_tokens, want_tokens)
