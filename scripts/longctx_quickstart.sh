@@ -5,9 +5,12 @@
 # rows with neat_packing), eval-long after, the before/after table, both depth heatmaps, the learning curve
 # (passkey at 2K and 8K against training tokens, every checkpoint) and the loss plots.
 # Usage (from the repository root):  bash scripts/longctx_quickstart.sh
+# RECIPE=needles: the second recipe (examples/longctx/needles_*.yaml), RULER-style needle rows
+# (`data retrieval-sft`: 1-4 needles, keys eval-long never draws, half in its noise filler) beside the passkey
+# rows in both stages; NIAH_SHORT_ROWS, NIAH_MID_ROWS, NIAH_LONG_ROWS size them (docs/long-context.md).
 # Smaller runs (the test's miniature): SHORT_ROWS, SHORT_LENGTHS, MID_ROWS, MID_LENGTHS, LONG_ROWS, LONG_LENGTHS,
 # EVAL_LENGTHS, EVAL_SAMPLES, EVAL_TASKS, CURVE_LENGTHS, CURVE_SAMPLES, and TRAIN_ARGS (LLaMA-Factory key=value
-# overrides for both stages, e.g. max_steps=2).
+# overrides for both stages, e.g. max_steps=2). Each stage prints its wall time as it ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,19 +27,35 @@ source "$VENV/bin/activate"
 # took the same time without them (docs/benchmarks.md), so this script does not spend minutes building them.
 export ZEBRA_CPU_KERNELS=${ZEBRA_CPU_KERNELS:-torch}
 OUT=saves/longctx                  # the YAMLs in examples/longctx/ read and write here
-SHORT_ROWS=${SHORT_ROWS:-45000}
+RECIPE=${RECIPE:-passkey}
+case "$RECIPE" in
+  passkey) STAGE1=stage1_short_cpu STAGE2=stage2_long_cpu INFER=infer_trained PREFIX=zebra ROWS=(45000 600 150) ;;
+  # Fewer passkey rows: the needle rows take their place in about the same training time.
+  needles) STAGE1=needles_stage1_cpu STAGE2=needles_stage2_cpu INFER=infer_needles PREFIX=needles ROWS=(15000 300 60) ;;
+  *) echo "RECIPE=$RECIPE: use passkey or needles" >&2; exit 2 ;;
+esac
+SHORT_ROWS=${SHORT_ROWS:-${ROWS[0]}}
 SHORT_LENGTHS=${SHORT_LENGTHS:-100-300}
-MID_ROWS=${MID_ROWS:-600}
+MID_ROWS=${MID_ROWS:-${ROWS[1]}}
 MID_LENGTHS=${MID_LENGTHS:-512-4096}
-LONG_ROWS=${LONG_ROWS:-150}
+LONG_ROWS=${LONG_ROWS:-${ROWS[2]}}
 LONG_LENGTHS=${LONG_LENGTHS:-4096-8192}
 EVAL_LENGTHS=${EVAL_LENGTHS:-1k,2k,4k,8k,16k}
 EVAL_SAMPLES=${EVAL_SAMPLES:-6}
 EVAL_TASKS=${EVAL_TASKS:-passkey,niah_single,niah_multikey}
 CURVE_LENGTHS=${CURVE_LENGTHS:-2k,8k}
 CURVE_SAMPLES=${CURVE_SAMPLES:-6}
+NIAH_SHORT_ROWS=${NIAH_SHORT_ROWS:-6000}
+NIAH_MID_ROWS=${NIAH_MID_ROWS:-150}
+NIAH_LONG_ROWS=${NIAH_LONG_ROWS:-30}
 read -r -a TRAIN_OVERRIDES <<< "${TRAIN_ARGS:-}"
 started=$(date +%s)
+stage_started=$started
+stage_done() {  # stage_done NAME: the wall time of the stage that just ended
+  local now; now=$(date +%s)
+  echo "[stage] $1: $(( now - stage_started )) s (total $(( now - started )) s)"
+  stage_started=$now
+}
 
 llamafactory-zebra init tiny-16k "$OUT/zebra-init" --overwrite
 llamafactory-zebra data passkey-sft --model "$OUT/zebra-init" --output-dir "$OUT/data" \
@@ -45,6 +64,17 @@ llamafactory-zebra data passkey-sft --model "$OUT/zebra-init" --output-dir "$OUT
   --name passkey_mid --rows "$MID_ROWS" --lengths "$MID_LENGTHS" --seed 2
 llamafactory-zebra data passkey-sft --model "$OUT/zebra-init" --output-dir "$OUT/data" \
   --name passkey_long --rows "$LONG_ROWS" --lengths "$LONG_LENGTHS" --seed 3
+if [ "$RECIPE" = needles ]; then
+  # RULER-style needle rows: keys carry a letter eval-long's never do, half the rows in its noise filler.
+  needles=(--needles 1-4 --questions 4 --multivalue-share 0 --tracking-share 0 --noise-filler-share 0.5)
+  llamafactory-zebra data retrieval-sft --model "$OUT/zebra-init" --output-dir "$OUT/data" \
+    --name niah_short --rows "$NIAH_SHORT_ROWS" --lengths "${NIAH_SHORT_LENGTHS:-200-500}" "${needles[@]}" --seed 4
+  llamafactory-zebra data retrieval-sft --model "$OUT/zebra-init" --output-dir "$OUT/data" \
+    --name niah_mid --rows "$NIAH_MID_ROWS" --lengths "$MID_LENGTHS" "${needles[@]}" --seed 5
+  llamafactory-zebra data retrieval-sft --model "$OUT/zebra-init" --output-dir "$OUT/data" \
+    --name niah_long --rows "$NIAH_LONG_ROWS" --lengths "$LONG_LENGTHS" "${needles[@]}" --seed 6
+fi
+stage_done "model and data"
 
 eval_long() {  # eval_long INFER_YAML OUTPUT_DIR
   # Answers are a number (passkey) or a 7-digit value (niah); an untrained model never stops by itself, so the
@@ -55,13 +85,18 @@ eval_long() {  # eval_long INFER_YAML OUTPUT_DIR
 
 echo; echo "eval-long before training:"
 eval_long examples/longctx/infer_init.yaml "$OUT/eval_before"
-llamafactory-cli train examples/longctx/stage1_short_cpu.yaml "${TRAIN_OVERRIDES[@]}"
-llamafactory-cli train examples/longctx/stage2_long_cpu.yaml "${TRAIN_OVERRIDES[@]}"
+stage_done "eval-long before"
+llamafactory-cli train "examples/longctx/$STAGE1.yaml" "${TRAIN_OVERRIDES[@]}"
+stage_done "stage 1"
+llamafactory-cli train "examples/longctx/$STAGE2.yaml" "${TRAIN_OVERRIDES[@]}"
+stage_done "stage 2"
 echo; echo "eval-long after training:"
-eval_long examples/longctx/infer_trained.yaml "$OUT/eval_after"
+eval_long "examples/longctx/$INFER.yaml" "$OUT/eval_after"
+stage_done "eval-long after"
 echo; echo "passkey against training tokens (every checkpoint of both stages):"
-llamafactory-zebra eval-long curve examples/longctx/infer_init.yaml --stages "$OUT/zebra-stage1" "$OUT/zebra-stage2" \
+llamafactory-zebra eval-long curve examples/longctx/infer_init.yaml --stages "$OUT/$PREFIX-stage1" "$OUT/$PREFIX-stage2" \
   --tasks passkey --lengths "$CURVE_LENGTHS" --samples "$CURVE_SAMPLES" --label zebra --output-dir "$OUT/curve"
+stage_done "learning curve"
 
 echo
 echo "Before -> after (percent; eval-long's seed 42, $EVAL_SAMPLES samples per cell):"
@@ -70,5 +105,5 @@ echo
 echo "Depth heatmaps: $OUT/eval_before/  $OUT/eval_after/  (depth_heatmap.png: the depth tasks together;"
 echo "                depth_heatmap_TASK.png: each alone, e.g. depth_heatmap_passkey.png)"
 echo "Learning curve: $OUT/curve/curve.png"
-echo "Loss plots:     $OUT/zebra-stage1/training_loss.png  $OUT/zebra-stage2/training_loss.png"
+echo "Loss plots:     $OUT/$PREFIX-stage1/training_loss.png  $OUT/$PREFIX-stage2/training_loss.png"
 echo "Wall time:      $(( $(date +%s) - started )) s"

@@ -122,6 +122,12 @@ def _add_retrieval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--questions", type=int, default=RetrievalOptions.questions, help="questions per row")
     parser.add_argument("--multivalue-share", type=float, default=RetrievalOptions.multivalue_share)
     parser.add_argument("--tracking-share", type=float, default=RetrievalOptions.tracking_share)
+    parser.add_argument(
+        "--noise-filler-share",
+        type=float,
+        default=RetrievalOptions.noise_filler_share,
+        help="rows whose filler is eval-long's noise haystack instead of the grammar's sentences",
+    )
 
 
 def run_retrieval_sft(args: argparse.Namespace) -> int:
@@ -133,6 +139,7 @@ def run_retrieval_sft(args: argparse.Namespace) -> int:
             questions=args.questions,
             multivalue_share=args.multivalue_share,
             tracking_share=args.tracking_share,
+            noise_filler_share=args.noise_filler_share,
         )
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

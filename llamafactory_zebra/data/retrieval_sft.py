@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..evaluation.haystack import Haystack, HaystackTooShort
+from ..evaluation.haystack import Haystack, HaystackTooShort, noise_haystack
 from ..evaluation.tasks import (
     PSEUDO_WORD_CONSONANTS,
     PSEUDO_WORD_VOWELS,
@@ -87,6 +87,7 @@ class RetrievalOptions:
     tracking_hops: tuple[int, int] = (1, 4)
     filler_number_share: float = 0.05
     filler_pool: int = 4000
+    noise_filler_share: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("needles", "value_digits", "key_syllables", "multivalue_count", "tracking_hops"):
@@ -95,6 +96,8 @@ class RetrievalOptions:
                 raise ValueError(f"{name}: need 1 <= low <= high (needles: 0 <= low), got {low}, {high}")
         if self.questions < 1:
             raise ValueError(f"questions: need at least 1, got {self.questions}")
+        if not 0.0 <= self.noise_filler_share <= 1.0:
+            raise ValueError(f"noise_filler_share: need a share from 0 to 1, got {self.noise_filler_share}")
 
 
 def filler_sentence(rng: random.Random, number_share: float) -> str:
@@ -255,11 +258,17 @@ def make_rows(
     options: RetrievalOptions,
 ) -> list[dict[str, Any]]:
     """``rows`` conversations, row ``i`` of at most a length drawn from ``lengths`` (inclusive); it depends
-    only on (seed, lengths, i)."""
-    haystack = filler_haystack(seed, options, encode)
+    only on (seed, lengths, i).
+
+    A ``noise_filler_share`` of the rows hide their needles in ``eval-long``'s noise haystack ("The grass is
+    green. ...") instead of the grammar's sentences, so the skill meets the filler it is tested in; their keys
+    still carry a :data:`KEY_MARKS` consonant, so none of them is an ``eval-long`` sample either."""
+    haystacks = (filler_haystack(seed, options, encode), noise_haystack(encode))
     made = []
     for index in range(rows):
         rng = random.Random(f"{seed}/{lengths}/{index}")
+        # Drawn only when asked for, so the rows of a share of 0 are the ones this function always wrote.
+        haystack = haystacks[options.noise_filler_share > 0 and rng.random() < options.noise_filler_share]
         made.append({"messages": make_row(rng, rng.randint(*lengths), haystack, measure, options)})
     return made
 

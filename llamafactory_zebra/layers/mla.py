@@ -34,7 +34,8 @@ chosen in one place (:func:`mla_attention_function`):
 - no earlier tokens in a cache (training, a prompt's first chunk): the stock path,
   :func:`expanded_attention` — ``kv_b_proj`` expands the latents to keys and values, which go to the
   kernel :func:`expanded_attention_kernel` picks: :func:`eager_attention_forward` (this file, the plain
-  reference), transformers' registered function for ``sdpa`` or any other registered name, FlashAttention
+  reference), transformers' registered function for ``sdpa`` (on a CPU ``ops/fused_sdpa.py``'s, which PyTorch's
+  linear-memory kernel accepts) or any other registered name, FlashAttention
   through ``flash_attention.py`` (transformers' FA core without a transformers 5.6.0 bug), and for packed
   rows the kernel registry's ``attention`` op (``kernels.packed_attention``): FlashAttention's
   varlen path, or :func:`flex_sdpa_attention` / :func:`per_segment_sdpa_attention`, which read the samples'
@@ -58,9 +59,10 @@ from transformers.cache_utils import Cache
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
-from ..attention_policy import EAGER, FLASH_ATTENTION_BACKENDS
+from ..attention_policy import EAGER, FLASH_ATTENTION_BACKENDS, SDPA
 from ..configuration_zebra import MLA_NORM_LORA, MLA_NORM_QK_HEAD, ZebraConfig
 from ..kernels import Key, Op, bind, packed_attention_function
+from ..ops.fused_sdpa import fused_sdpa_attention
 from ..ops.packed_attention import flex_packed_attention, per_segment_sdpa
 from ..parallel.attention import ulysses_attention
 from ..parallel.context import SequenceParallelContext
@@ -381,7 +383,8 @@ def expanded_attention_kernel(
     """The kernel that attends over expanded keys and values for this call: for packed rows the kernel
     registry's choice (``kernels.packed_attention_function``: FlashAttention varlen, flex or per-sample sdpa
     on the samples' borders, or the dense mask with the model's own function), else eager, then — for a call
-    that asks for the attention maps — :func:`eager_attention_for_maps`, else FlashAttention or transformers'
+    that asks for the attention maps — :func:`eager_attention_for_maps`, else FlashAttention, for sdpa on a CPU
+    ``ops.fused_sdpa.fused_sdpa_attention`` (PyTorch's fused kernel, not the math one), or transformers'
     registered function for the model's ``attn_implementation``. (Packed rows that ask for the maps reach
     this function unpacked: the model hands them the dense block-causal mask instead of the borders.)"""
     implementation = module.config._attn_implementation
@@ -399,6 +402,8 @@ def expanded_attention_kernel(
         return eager_attention_for_maps
     if implementation in FLASH_ATTENTION_BACKENDS:
         return flash_attention_forward
+    if implementation == SDPA and query.device.type == "cpu":
+        return fused_sdpa_attention  # transformers' would run the CPU's quadratic math kernel (ops/fused_sdpa.py)
     return ALL_ATTENTION_FUNCTIONS[implementation]
 
 

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
+from .fused_sdpa import fused_kernel_operands
+
 # flex_attention's default tile (``_DEFAULT_SPARSE_BLOCK_SIZE``): the granularity at which it skips work.
 FLEX_BLOCK_SIZE = 128
 
@@ -46,12 +48,6 @@ def _unflatten_rows(output: torch.Tensor, batch: int) -> torch.Tensor:
     return output.reshape(heads, batch, tokens // batch, dim).permute(1, 2, 0, 3).contiguous()
 
 
-def _repeat_key_value_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """Key/value heads repeated to ``heads`` query heads (query head ``h`` reads key head ``h // groups``)."""
-    groups = heads // x.shape[1]
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
-
-
 def per_segment_sdpa(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -62,19 +58,14 @@ def per_segment_sdpa(
 ) -> torch.Tensor:
     """Packed causal attention as one causal sdpa call per sample (``[B, T, heads, v]``).
 
-    Key/value heads are repeated to the query heads first (a copy linear in ``T``): PyTorch's CPU flash
-    kernel does not take ``enable_gqa`` and would fall back to the math kernel, which is quadratic. For the
-    same reason heads of two sizes (MLA: q/k 64 and v 32 in ``tiny-16k``) are padded with zero columns to
-    the wider one, and the output's padding is cut: the fused kernels take one head size for q, k and v, and
-    the math kernel keeps every sample's ``T x T`` weights per head for backward (1 GiB for one 8K sample
-    with 4 heads in fp32). Zero columns change no score (``scale`` is explicit, not the padded width's) and
-    no output column.
+    The operands are those of ``fused_sdpa.fused_kernel_operands`` (key/value heads repeated, heads padded to
+    one size: a copy linear in ``T``), which PyTorch's fused CPU kernel takes; otherwise it would run the
+    math kernel, which keeps every sample's ``T x T`` weights per head for backward (1 GiB for one 8K
+    sample with 4 heads in fp32).
     """
-    batch, heads = query.shape[:2]
+    batch = query.shape[0]
     query, key, value = (_flatten_rows(x) for x in (query, key, value))
-    key, value = _repeat_key_value_heads(key, heads), _repeat_key_value_heads(value, heads)
-    value_dim, width = value.shape[-1], max(query.shape[-1], value.shape[-1])
-    query, key, value = (F.pad(x, (0, width - x.shape[-1])) if x.shape[-1] < width else x for x in (query, key, value))
+    query, key, value, value_dim = fused_kernel_operands(query, key, value)
     borders = cu_seqlens.tolist()
     outputs = [
         F.scaled_dot_product_attention(

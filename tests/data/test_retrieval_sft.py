@@ -79,6 +79,29 @@ def test_rows_are_sharegpt_conversations_that_fit_their_length(sizing):
             assert all(value in context for value in values) and all(f"VAR {n}" in context for n in names)
 
 
+def _noise_filled(row, noise) -> bool:
+    """Whether every filler sentence of the row's context is one of the noise haystack's."""
+    context = row["messages"][0]["content"].rsplit("\n\n", 1)[0]
+    sentences = {s.strip() + "." for s in context.split(".") if s.strip()}
+    return {s for s in sentences if "special magic number" not in s} <= noise
+
+
+def test_noise_filler_share_hides_needles_in_eval_long_noise_with_keys_eval_long_never_draws(sizing):
+    _, measure, encode = sizing
+    noise = set(noise_haystack(encode).sentences)
+    needles = {"needles": (1, 3), "multivalue_share": 0.0, "tracking_share": 0.0}
+    rows = rs.make_rows(40, (300, 500), 9, measure, encode, rs.RetrievalOptions(noise_filler_share=0.5, **needles))
+    assert 8 <= sum(_noise_filled(row, noise) for row in rows) <= 32  # about half of 40
+    for row in rows:
+        for key in re.findall(r"for (\w+) is:", row["messages"][0]["content"]):
+            assert set(key) & set(rs.KEY_MARKS), key
+    # A share of 0 draws nothing more: the rows every earlier run wrote, none of them in the noise.
+    plain = rs.make_rows(5, (300, 500), 9, measure, encode, rs.RetrievalOptions(**needles))
+    zero = rs.RetrievalOptions(noise_filler_share=0.0, **needles)
+    assert plain == rs.make_rows(5, (300, 500), 9, measure, encode, zero)
+    assert not any(_noise_filled(row, noise) for row in plain)
+
+
 def test_rows_are_deterministic_per_seed_and_index(sizing):
     _, measure, encode = sizing
     options = rs.RetrievalOptions()
@@ -103,7 +126,12 @@ def test_cli_writes_the_dataset_and_its_dataset_info_entry(sizing, tmp_path, cap
 
 @pytest.mark.parametrize(
     ("argv", "named"),
-    [(["--lengths", "900-300"], "--lengths"), (["--needles", "3-1"], "needles"), (["--questions", "0"], "questions")],
+    [
+        (["--lengths", "900-300"], "--lengths"),
+        (["--needles", "3-1"], "needles"),
+        (["--questions", "0"], "questions"),
+        (["--noise-filler-share", "1.5"], "noise_filler_share"),
+    ],
 )
 def test_bad_options_are_named_before_anything_is_written(sizing, tmp_path, capsys, argv, named):
     model, _, _ = sizing
