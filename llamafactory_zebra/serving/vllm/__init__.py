@@ -42,10 +42,12 @@ def register() -> None:
     from vllm import ModelRegistry
 
     from .amx import request_amx_tiles
+    from .arch_config import register_arch_config_convertor
     from .config_parser import ARCHITECTURE
     from .seams import install as install_vllm_seams
 
     request_amx_tiles()  # before any vLLM kernel runs in this process (amx.py)
     install_vllm_seams()  # the fixes and the released layout's config parser (seams.py)
+    register_arch_config_convertor()  # the head size vLLM sizes hybrid blocks by (arch_config.py)
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, "llamafactory_zebra.serving.vllm.model:ZebraForCausalLM")
