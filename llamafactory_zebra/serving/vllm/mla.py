@@ -188,7 +188,8 @@ class ZebraMLAAttention(nn.Module):
         return latent, rope_key
 
     def split_heads(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``kv_b_proj`` output ``[T, kv_heads · (nope + v)]`` → key nope ``[T, kv_heads, nope]``, value ``[T, kv_heads, v]``."""
+        """``kv_b_proj`` output ``[T, kv_heads · (nope + v)]`` → key nope ``[T, kv_heads, nope]`` and value
+        ``[T, kv_heads, v]``."""
         return kv.view(-1, self.num_kv_heads, self.nope + self.v_head_dim).split([self.nope, self.v_head_dim], dim=-1)
 
     def keys_values(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -276,7 +277,7 @@ class ZebraMLAAttention(nn.Module):
         return query_latent, query_rope
 
     def up_project(self, context: torch.Tensor) -> torch.Tensor:
-        """Softmax-weighted latents ``[T, H, R]`` → attention output ``[T, H, v]`` (``W_UV`` of each head's key head)."""
+        """Softmax-weighted latents ``[T, H, R]`` → the output ``[T, H, v]`` (each head's key head's ``W_UV``)."""
         tokens = context.shape[0]
         value_up = self.value_up.to(context.dtype)
         grouped = context.reshape(tokens, self.num_kv_heads, -1, self.kv_lora_rank)
