@@ -197,11 +197,14 @@ CAPACITY_LINE = re.compile(
 )
 
 
-def capacity(name: str, model_dir: Path, tokens: int, args, work: Path) -> tuple[int, float]:
-    """The cache size (tokens) and maximum concurrency vLLM reports for ``tokens``-token requests."""
+def capacity(
+    name: str, model_dir: Path, tokens: int, args, work: Path, extra: tuple[str, ...] = ()
+) -> tuple[int, float]:
+    """The cache size (tokens) and maximum concurrency vLLM reports for ``tokens``-token requests (``extra``: more
+    ``vllm serve`` options)."""
     port = free_port()
     command = [str(VLLM), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--enforce-eager"]
-    command += ["--dtype", args.dtype, "--max-model-len", str(tokens), "--served-model-name", name]
+    command += ["--dtype", args.dtype, "--max-model-len", str(tokens), "--served-model-name", name, *extra]
     log_path = work / f"{name}-capacity-server.log"
     with log_path.open("w") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=work)

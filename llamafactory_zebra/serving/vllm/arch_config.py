@@ -12,6 +12,7 @@ the served width. The latent layout's bytes come from its backend's ``customize_
 
 from __future__ import annotations
 
+import vllm.config  # noqa: F401  (first: the convertor module imported alone is a circular import in vLLM 0.32)
 from vllm.transformers_utils.model_arch_config_convertor import (
     MODEL_ARCH_CONFIG_CONVERTORS,
     ModelArchConfigConvertorBase,
