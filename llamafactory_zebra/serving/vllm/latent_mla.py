@@ -31,6 +31,7 @@ from torch import nn
 from vllm.config import VllmConfig, get_current_vllm_config
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.platforms import current_platform
 from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backend import (
     AttentionBackend,
@@ -42,6 +43,18 @@ from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec
 
 from ...ops.latent_attention import latent_decode, latent_prefill
+
+
+def decode_function(device_type: str):
+    """The absorbed decode a layer binds once: the Triton split-K kernel on a CUDA/ROCm GPU with Triton (checked
+    against the reference under ``TRITON_INTERPRET=1`` only, never run on a GPU here), else the PyTorch one."""
+    from vllm.triton_utils import HAS_TRITON
+
+    if device_type == "cuda" and HAS_TRITON:
+        from ...ops.latent_attention.triton_decode import latent_decode_triton
+
+        return latent_decode_triton
+    return latent_decode
 
 
 def latent_cache_spec(spec: AttentionSpec, row: int) -> FullAttentionSpec:
@@ -146,6 +159,7 @@ class ZebraLatentCache(nn.Module, AttentionLayerBase):
         self.prefix = prefix
         self.num_heads = owner.num_heads
         self.kv_cache = torch.tensor([])
+        self.decode = decode_function(current_platform.device_type)
         object.__setattr__(self, "owner", owner)  # not a submodule: the owner holds this layer
         compilation_config = get_current_vllm_config().compilation_config
         if prefix in compilation_config.static_forward_context:
@@ -188,7 +202,7 @@ class ZebraLatentCache(nn.Module, AttentionLayerBase):
         owner, decodes, decode_tokens = self.owner, metadata.num_decodes, metadata.num_decode_tokens
         if decodes:
             q_latent, q_rope = owner.absorb(query[:decode_tokens])
-            context = latent_decode(
+            context = self.decode(
                 q_latent,
                 q_rope,
                 cache,
