@@ -168,3 +168,18 @@ def test_preempted_requests_are_recomputed_to_the_same_tokens(tmp_path_factory):
         assert served.generated == single.generated
         result = agreement(served, reference_logprobs(model, served.prompt + served.generated, model.dtype))
         assert result.max < FP32_TOLERANCE, result
+
+
+def test_lora_and_vllm_mla_disable_serve_the_expanded_layout(monkeypatch):
+    """The layout rule (``mla.cache_layout``): latent by default, expanded under ``VLLM_MLA_DISABLE=1`` or with
+    LoRA enabled, each with its reason (the start-up log's words)."""
+    from types import SimpleNamespace
+
+    from llamafactory_zebra.serving.vllm.mla import EXPANDED, LATENT, cache_layout
+
+    monkeypatch.delenv("VLLM_MLA_DISABLE", raising=False)
+    assert cache_layout(SimpleNamespace(lora_config=None)) == (LATENT, "the default")
+    layout, why = cache_layout(SimpleNamespace(lora_config=object()))
+    assert layout == EXPANDED and "kv_b_proj" in why
+    monkeypatch.setenv("VLLM_MLA_DISABLE", "1")
+    assert cache_layout(SimpleNamespace(lora_config=None)) == (EXPANDED, "VLLM_MLA_DISABLE=1")
