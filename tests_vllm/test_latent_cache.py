@@ -7,6 +7,8 @@ chunks), a batch equal to each prompt alone; requests preempted for want of bloc
 tokens; the expanded layout (``VLLM_MLA_DISABLE=1``) stays exact. Prefix hits on the latent cache:
 ``test_prefix_caching.py`` (it serves the default layout)."""
 
+import os
+
 import pytest
 
 from llamafactory_zebra.testing.vllm_parity import (
@@ -20,6 +22,8 @@ from llamafactory_zebra.testing.vllm_parity import (
 )
 
 pytestmark = pytest.mark.slow
+# collective_rpc sends a function to the worker (reading its KVCacheConfig), as test_prefix_caching.py does.
+os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 
 CHUNK = 128
 LENGTHS = [1, 5, 130, 3 * CHUNK + 17]
@@ -137,7 +141,7 @@ def test_preempted_requests_are_recomputed_to_the_same_tokens(tmp_path_factory):
     """A cache with blocks for two requests and one spare: four prompts of almost a block each decode across the
     block border, so vLLM preempts some and recomputes them later from the latent cache."""
     path = tmp_path_factory.mktemp("zebra-latent-preempt")
-    model = zebra_model(seed=61)
+    model = zebra_model(seed=61, max_position_embeddings=2048)
     model.save_pretrained(path)
     llm = start_engine(path, "float32", max_model_len=2048, max_num_batched_tokens=1024, max_num_seqs=4)
     try:
@@ -156,6 +160,7 @@ def test_preempted_requests_are_recomputed_to_the_same_tokens(tmp_path_factory):
         max_num_batched_tokens=1024,
         max_num_seqs=4,
         num_gpu_blocks_override=2 * per_request + 1,
+        disable_log_stats=False,  # the preemption counter
     )
     try:
         together = serve(llm, prompt_list, 8)
