@@ -86,7 +86,7 @@ def infer_yaml(model: Path, template: str, path: Path) -> Path:
 
 def eval_long(infer: Path, output: Path, settings: dict) -> None:
     lengths = ",".join(str(n) for n in settings["lengths"])
-    run([ZEBRA_CLI, "eval-long", str(infer), "--tasks", ",".join(settings["tasks"]), "--lengths",
+    run([ZEBRA_CLI, "eval-long", "run", str(infer), "--tasks", ",".join(settings["tasks"]), "--lengths",
          lengths, "--samples", str(settings["samples"]), "--output-dir", str(output), *EVAL_ARGS])  # fmt: skip
 
 
@@ -94,7 +94,7 @@ def learning_curve(dense_dir: Path, stages: list[Path]) -> None:
     """The dense twin's curve with the quickstart's settings, the Zebra's curve drawn beside it (one picture)."""
     zebra = json.loads((OUT / "curve" / "curve.json").read_text(encoding="utf-8"))
     settings = zebra["settings"]
-    run([ZEBRA_CLI, "eval-long-curve", str(dense_dir / "infer_init.yaml"), "--stages", *map(str, stages),
+    run([ZEBRA_CLI, "eval-long", "curve", str(dense_dir / "infer_init.yaml"), "--stages", *map(str, stages),
          "--tasks", ",".join(settings["tasks"]), "--lengths", ",".join(map(str, settings["lengths"])),
          "--samples", str(settings["samples"]), "--depths", str(settings["depths"]), "--label", "dense qwen3",
          "--overlay", f"zebra={OUT / 'curve' / 'curve.json'}", "--output-dir", str(dense_dir / "curve")])  # fmt: skip

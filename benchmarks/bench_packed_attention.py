@@ -3,7 +3,7 @@
 Baseline ("dense"): what sdpa got for packed rows before, the ``[B, 1, T, T]`` block-causal mask
 (``packing.block_causal_mask``, built inside the measured region as the model built it per forward)
 handed to transformers' sdpa. New ("borders"): the samples' borders (``packing.flash_varlen_kwargs``)
-and the kernel ``kernels.packed_attention_kernel`` picks for sdpa on this device
+and the kernel ``kernels.packed_attention`` picks for sdpa on this device
 (``sdpa_per_segment`` on CPU). The layer has Zebra's real MLA shapes (hidden 2048, q rank 1344, kv rank
 256, qk head 64 + 64, v head 128, ``qk_head`` norms) with fewer heads than the released 16 / 8 (default
 2 / 1, the same 2:1 grouping) to keep the dense baseline's ``T x T`` work within minutes on a CPU.
@@ -28,7 +28,7 @@ def measure(kind: str, length: int, segments: int, heads: int, kv_heads: int) ->
 
     from llamafactory_zebra import ZebraConfig
     from llamafactory_zebra.attention_policy import SDPA
-    from llamafactory_zebra.kernels import packed_attention_kernel
+    from llamafactory_zebra.kernels import packed_attention
     from llamafactory_zebra.layers.mla import ZebraMLA
     from llamafactory_zebra.modeling_zebra import ZebraRotaryEmbedding
     from llamafactory_zebra.packing import block_causal_mask, flash_varlen_kwargs, positions_within_segments
@@ -55,7 +55,7 @@ def measure(kind: str, length: int, segments: int, heads: int, kv_heads: int) ->
     elapsed = time.perf_counter() - start
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
-        "kernel": "dense_mask" if kind == "dense" else packed_attention_kernel(SDPA, hidden.device.type),
+        "kernel": "dense_mask" if kind == "dense" else packed_attention(SDPA, hidden.device.type).key,
         "objective": objective.item(),
         "grad_norm": hidden.grad.norm().item(),
         "seconds": elapsed,

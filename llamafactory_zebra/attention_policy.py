@@ -4,7 +4,7 @@ One table, asked by everything else: the model (how packed rows reach the kernel
 distillation teacher, the memory planner, the training guards, the planner's YAML reader and ``llamafactory-zebra
 doctor``. A rule module like ``packing.py``: it imports nothing of the package, so every folder may ask it.
 Which packed-row kernel a call runs is the kernel registry's ``attention`` op (``kernels/registry.py``'s entries,
-``kernels.packed_attention_kernel``).
+``kernels.packed_attention``).
 
 Names are transformers' ``attn_implementation`` values. How packed rows (several samples in one row,
 ``packing.py``) run on each:

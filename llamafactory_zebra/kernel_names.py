@@ -1,5 +1,5 @@
-"""The kernel registry's vocabulary: op names, kernel families and the facts of a call, each spelled once, here.
-(Entry keys are spelled in their rows of the registry's table, ``kernels/registry.py``, which derives ``Key``.)
+"""The kernel registry's vocabulary: op names, entry keys, entry points, kernel families and the facts of a call,
+each spelled once, here.
 
 Why a leaf module of its own: the registry (``kernels/registry.py``), the switches, the resolver, the ops, the
 losses and the vLLM layer all name the same ops, families and facts; with the names as members here, a misspelt
@@ -7,7 +7,9 @@ one is an ``AttributeError`` at import instead of a name that quietly matches no
 every module may import it.
 
 The members are strings (``Op.CONV == "conv"``): environment values, doctor's table and JSON reports read the
-same as plain strings (:class:`Name`, which ``Key`` shares).
+same as plain strings (:class:`Name`). The classes are written out (not derived from the registry's rows), so an
+editor and a type checker see every member; ``tests/kernels/test_kernel_registry.py`` checks that each key is
+some row's and each row's key is here.
 """
 
 from __future__ import annotations
@@ -46,6 +48,40 @@ class Op(Name):
     DISTILLATION_LOSS = "distillation loss"
 
 
+class Key(Name):
+    """An entry's name within its op (``kernels/registry.py``: one row per op × key); the switches, doctor's
+    table and the ops' bindings (``kernels.bind``) name entries by these."""
+
+    FLA = "fla"
+    TORCH = "torch"
+    TORCH_PARALLEL_COMPILED = "torch-parallel-compiled"
+    TORCH_PARALLEL = "torch-parallel"
+    TORCH_CHUNK = "torch-chunk"
+    CPP = "cpp"
+    CPP_BF16_GEMM = "cpp-bf16-gemm"
+    TORCH_BF16_GEMM = "torch-bf16-gemm"
+    VLLM_CPP = "vllm-cpp"
+    CONV_OP = "conv-op"
+    FLASH_VARLEN = "flash_varlen"
+    FLEX_BLOCK_MASK = "flex_block_mask"
+    SDPA_PER_SEGMENT = "sdpa_per_segment"
+    DENSE_MASK = "dense_mask"
+    LIGER = "liger"
+    CHUNKED = "chunked"
+    LOGITS = "logits"
+
+
+class EntryPoint(Name):
+    """Where an op is entered: most ops at one point (``RUN``); the conv at one for whole sequences and one for
+    decode steps, the conv on state slots at one for decode tokens and one for prompt chunks. Each entry of an
+    op has a function at each of its op's points (``kernels/op_specs.py`` lists them)."""
+
+    RUN = "run"
+    SEQUENCE = "sequence"
+    STEP = "step"
+    PREFILL = "prefill"
+
+
 class Family(Name):
     """Where an entry's code comes from, one name each everywhere (planner, losses, doctor, known issues)."""
 
@@ -63,7 +99,7 @@ class Family(Name):
 
 
 class Fact(Name):
-    """What a call tells the registry beyond its inputs' device and dtype (``registry.FACTS``: which op reads
+    """What a call tells the registry beyond its inputs' device and dtype (``op_specs.OP_SPECS``: which op reads
     which; a call that names another fails)."""
 
     GRAD = "grad"  # the inputs need a gradient

@@ -4,8 +4,8 @@ At 1M tokens the logits alone are 1M × 151936 values. On GPU Liger's fused line
 (Triton) avoids them; Liger cannot run where Triton cannot (CPU), and LLaMA-Factory's
 ``enable_liger_kernel`` does not know the ``zebra`` model type, so this module provides both
 implementations with one contract: Liger's kernel and a chunked PyTorch function. Which one runs is the
-kernel registry's ``loss`` op (``kernels/registry.py``, whose entries name these functions):
-:func:`fused_causal_lm_loss` runs what it chooses, at each training forward.
+kernel registry's ``loss`` op (``kernels/registry.py``; this module binds these functions to its entries, at its
+end): :func:`fused_causal_lm_loss` runs what it chooses, at each training forward.
 
 The chunked function computes the gradients of each token chunk during the forward pass (as Liger
 does) and scales them by the incoming gradient in backward, so memory is one chunk of logits plus
@@ -17,16 +17,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .kernel_names import Op
-from .kernels import Call, KernelLoadError, Key, run
+from .kernels import Call, KernelLoadError, Key, Op, bind, run
 
 # The label LLaMA-Factory's collators write for prompt and padding tokens (``llamafactory.extras.constants.
 # IGNORE_INDEX``, PyTorch's cross-entropy default). Spelled out, not imported: the model code stays importable
 # without LLaMA-Factory's import chain; tests/ops/test_loss.py checks the two agree.
 IGNORE_INDEX = -100
-# The loss entries (``kernels.Key``; also their families): Liger's fused kernels, this module's chunked
-# PyTorch functions, and full-vocabulary logits.
-LIGER, CHUNKED, LOGITS = Key.LIGER, Key.CHUNKED, Key.LOGITS
 # One chunk of fp32 logits stays at or below this many elements (64 MiB): 64 tokens for Qwen3's 151,936 vocab.
 CHUNK_LOGIT_ELEMENTS = 1 << 24
 
@@ -129,7 +125,7 @@ def fused_causal_lm_loss(
     hidden_states: torch.Tensor,
     lm_head_weight: torch.Tensor,
     labels: torch.Tensor | None,
-    force: str | None = None,
+    force: Key | None = None,
     num_items_in_batch: torch.Tensor | int | None = None,
     shift_labels: torch.Tensor | None = None,
     chunk_tokens: int | None = None,
@@ -148,3 +144,13 @@ def fused_causal_lm_loss(
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
+
+
+bind(
+    Op.LOSS,
+    {
+        Key.LIGER: liger_linear_cross_entropy_sum,
+        Key.CHUNKED: chunked_linear_cross_entropy_sum,
+        Key.LOGITS: logits_cross_entropy_sum,
+    },
+)

@@ -7,9 +7,10 @@ no key mapping.
 Packed batches never leak across samples: when ``position_ids`` restart inside a row (LLaMA-Factory's
 ``packing``), when the 2-D attention mask carries segment ids 1, 2, 3… (``neat_packing``), or when a
 4-D block-diagonal mask is given, ``ZebraModel.forward`` derives per-sample segments once (the rule
-lives in ``packing.py``) and ``ZebraModel._mixer_inputs`` hands them to both mixers — as ``cu_seqlens``
+lives in ``packing.py``) and ``layers/mixer_inputs.py`` hands them to both mixers — as ``cu_seqlens``
 to the GDN recurrence and convolutions, and to MLA as the same borders (FlashAttention's varlen path,
 or PyTorch's own kernels for sdpa: ``ops/packed_attention.py``) or, for eager, a block-diagonal mask.
+The decode cache is ``cache_zebra.py``'s.
 """
 
 from __future__ import annotations
@@ -17,15 +18,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
@@ -33,25 +32,18 @@ from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
-from .attention_policy import EAGER
+from .cache_zebra import GatedDeltaNetCacheLayer, ZebraHybridCache
 from .configuration_zebra import MLA, ZebraConfig
-from .kernels import BORDER_KERNELS, LOSS, Call, Key, detect_stack, packed_attention_kernel, select
+from .kernels import Call, Key, Op, detect_stack, select
 from .layers.gated_deltanet import ZebraGatedDeltaNet, ZebraShortConv, gdn_decay_init
+from .layers.mixer_inputs import mixer_inputs, sample_borders
 from .layers.mla import ZebraMLA
 from .layers.norms import ZebraRMSNorm
 from .layers.tiled_mlp import AUTO, set_mlp_tiles, tiled_mlp_forward
-from .loss import CHUNKED, LIGER, fused_causal_lm_loss
-from .packing import block_causal_mask, cu_seqlens_from_segment_ids, flash_varlen_kwargs, packed_segment_ids
-from .parallel import SequenceParallelContext, build_sequence_parallel_context, gather_row_segment_ids
+from .loss import fused_causal_lm_loss
 from .quantization import keep_unfit_linears_out_of_4bit, wants_bnb_4bit
 from .released import RELEASED_LAYOUT, checkpoint_layout, load_released_config
-
-# What to do about a missing weight that has one usual cause (``ZebraPreTrainedModel.from_pretrained``).
-MISSING_KEY_FIXES = {
-    "lm_head.weight": "A Zebra's lm_head is untied (tie_word_embeddings: false) and is not initialised at random: "
-    "save the checkpoint with its lm_head.weight — for a source whose embeddings were tied, a copy of "
-    "model.embed_tokens.weight, as `llamafactory-zebra convert` writes it",
-}
+from .released.keys import check_loaded_weights
 
 
 class ZebraMLP(nn.Module):
@@ -107,104 +99,6 @@ class ZebraRotaryEmbedding(nn.Module):
             cos = emb.cos() * self.attention_scaling
             sin = emb.sin() * self.attention_scaling
         return cos.to(x.dtype), sin.to(x.dtype)
-
-
-class GatedDeltaNetCacheLayer(LinearAttentionCacheLayerMixin):
-    """Decode state of one GDN layer: the q/k/v convolution windows and the ``[B, H, dk, dv]`` recurrence.
-
-    The three windows are kept in one tensor (channels concatenated) so transformers' generic cache
-    operations — beam reordering, offloading, reset — handle them.
-    """
-
-    # States are replaced, not updated in place: no static addresses for torch.compile or cudagraphs.
-    is_compileable = False
-
-    def __init__(self, split_sizes: tuple[int, int, int]) -> None:
-        super().__init__()
-        # transformers >= 5.19's mixin keeps dicts of several states per layer; this layer keeps one of each.
-        self.conv_states = self.recurrent_states = None
-        self.is_conv_states_initialized = self.is_recurrent_states_initialized = self.has_previous_state = False
-        self.split_sizes = split_sizes
-        self.seen_tokens = 0
-
-    def lazy_initialization(self, conv_states=None, recurrent_states=None) -> None:
-        if conv_states is not None:
-            self.conv_states = conv_states
-            self.device = conv_states.device
-            self.is_conv_states_initialized = True
-        if recurrent_states is not None:
-            self.recurrent_states = recurrent_states
-            self.is_recurrent_states_initialized = True
-
-    def update_conv_state(self, conv_states: torch.Tensor, **kwargs) -> torch.Tensor:
-        self.lazy_initialization(conv_states=conv_states)
-        return self.conv_states
-
-    def update_recurrent_state(self, recurrent_states: torch.Tensor, **kwargs) -> torch.Tensor:
-        self.lazy_initialization(recurrent_states=recurrent_states)
-        return self.recurrent_states
-
-    @property
-    def conv_states_qkv(self) -> tuple[torch.Tensor | None, ...]:
-        if not self.is_conv_states_initialized:
-            return (None, None, None)
-        return tuple(self.conv_states.split(self.split_sizes, dim=1))
-
-    @property
-    def recurrent_state(self) -> torch.Tensor | None:
-        return self.recurrent_states
-
-    def store(self, conv_states: list[torch.Tensor], recurrent_state: torch.Tensor, num_tokens: int) -> None:
-        self.update_conv_state(torch.cat(conv_states, dim=1))
-        self.update_recurrent_state(recurrent_state)
-        self.seen_tokens += num_tokens
-        self.has_previous_state = True
-
-    def reset(self) -> None:
-        for state in (self.conv_states, self.recurrent_states):
-            if state is not None:
-                state.zero_()
-        self.has_previous_state = False
-        self.seen_tokens = 0
-
-
-class ZebraHybridCache(Cache):
-    """Per layer: the MLA latent and rope key (a ``DynamicLayer`` with one "head"), or the GDN state."""
-
-    def __init__(self, config: ZebraConfig) -> None:
-        layers = []
-        key_dim = config.gdn_num_heads * config.gdn_head_dim
-        value_dim = config.gdn_num_heads * config.gdn_head_v_dim
-        for layer_type in config.layer_types:
-            if layer_type == MLA:
-                layers.append(DynamicLayer())
-            else:
-                layers.append(GatedDeltaNetCacheLayer((key_dim, key_dim, value_dim)))
-        super().__init__(layers=layers)
-        self.layer_types = list(config.layer_types)
-
-    def gdn_layer(self, layer_idx: int) -> GatedDeltaNetCacheLayer:
-        return self.layers[layer_idx]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        if MLA in self.layer_types:
-            return super().get_seq_length(layer_idx if self.layer_types[layer_idx] == MLA else 0)
-        return self.layers[0].seen_tokens
-
-    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
-        if self.layer_types[layer_idx] != MLA:
-            layer_idx = self.layer_types.index(MLA) if MLA in self.layer_types else layer_idx
-            if self.layer_types[layer_idx] != MLA:
-                return query_length + self.get_seq_length(), 0
-        return super().get_mask_sizes(query_length, layer_idx)
-
-    def bytes_per_token(self) -> int:
-        """Bytes the MLA layers add per cached token (the GDN state does not grow with length)."""
-        total = 0
-        for layer in self.layers:
-            if isinstance(layer, DynamicLayer) and layer.is_initialized:
-                total += (layer.keys.shape[-1] + layer.values.shape[-1]) * layer.keys.element_size()
-        return total
 
 
 class ZebraDecoderLayer(GradientCheckpointingLayer):
@@ -290,7 +184,7 @@ class ZebraPreTrainedModel(PreTrainedModel):
         - Weights that do not match the layer plan are an error, not a warning: transformers would initialise
           a missing tensor at random (its common tests expect that of a missing ``lm_head.weight``), which
           for a checkpoint only shows up as a model that writes noise. The message names the keys and, for
-          a missing head, the fix (:data:`MISSING_KEY_FIXES`). An unexpected key under the Zebra's own
+          a missing head, the fix (``released.keys.check_loaded_weights``). An unexpected key under the Zebra's own
           modules (``model.``, ``lm_head.``: a layer the plan lacks) is refused too; one outside them
           belongs to a wrapper that saved into the same file (trl's value head, ``v_head.summary.*``), and is
           left to transformers, which reports it in the loading info and its load report, as for any model.
@@ -303,23 +197,7 @@ class ZebraPreTrainedModel(PreTrainedModel):
         model, info = super().from_pretrained(
             pretrained_model_name_or_path, *args, config=config, output_loading_info=True, **kwargs
         )
-        own_modules = {name.split(".", 1)[0] for name in model.state_dict()}
-        problems = {
-            "missing_keys": sorted(info.get("missing_keys") or ()),
-            "unexpected_keys": sorted(
-                key for key in info.get("unexpected_keys") or () if key.split(".", 1)[0] in own_modules
-            ),
-        }
-        if any(problems.values()):
-            details = "; ".join(
-                f"{kind} ({len(keys)}): {', '.join(map(str, keys[:8]))}" for kind, keys in problems.items() if keys
-            )
-            fixes = "".join(
-                f". {MISSING_KEY_FIXES[key]}" for key in problems["missing_keys"] if key in MISSING_KEY_FIXES
-            )
-            raise ValueError(
-                f"{pretrained_model_name_or_path}: weights do not match the Zebra config: {details}{fixes}"
-            )
+        check_loaded_weights(pretrained_model_name_or_path, model, info)
         return (model, info) if want_info else model
 
     @torch.no_grad()
@@ -385,12 +263,11 @@ class ZebraModel(ZebraPreTrainedModel):
             position_ids = torch.arange(past_seen, past_seen + length, device=inputs_embeds.device)[None]
         position_ids = position_ids.expand(batch, -1)
 
-        segment_ids, sp_context = self._sample_borders(attention_mask, position_ids, past_key_values)
+        segment_ids, sp_context = sample_borders(self.sequence_parallel, attention_mask, position_ids, past_key_values)
         if past_key_values is None and segment_ids is None and self._wants_cache(use_cache):
             past_key_values = ZebraHybridCache(self.config)
-        mixer_inputs = self._mixer_inputs(
-            inputs_embeds, attention_mask, position_ids, past_key_values, segment_ids, sp_context, output_attentions
-        )
+        inputs = (inputs_embeds, attention_mask, position_ids, past_key_values, segment_ids, sp_context)
+        per_mixer = mixer_inputs(self.config, *inputs, output_attentions)
 
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
@@ -399,7 +276,7 @@ class ZebraModel(ZebraPreTrainedModel):
                 hidden_states,
                 position_embeddings=position_embeddings,
                 past_key_values=past_key_values,
-                **{**kwargs, **mixer_inputs},
+                **{**kwargs, **per_mixer},
             )
         hidden_states = self.norm(hidden_states)
         return BaseModelOutputWithPast(last_hidden_state=hidden_states, past_key_values=past_key_values)
@@ -430,82 +307,6 @@ class ZebraModel(ZebraPreTrainedModel):
         if self.sequence_parallel is not None:
             return False
         return use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-
-    def _sample_borders(
-        self, attention_mask: torch.Tensor | None, position_ids: torch.Tensor, past_key_values: Cache | None
-    ) -> tuple[torch.Tensor | None, SequenceParallelContext | None]:
-        """``[B, T]`` sample ids when rows are packed (else ``None``), and the sequence-parallel context."""
-        if past_key_values is not None:
-            # Decoding: rows are single (possibly left-padded) sequences, whose generate()-made
-            # position_ids restart at the padding and must not be read as packing.
-            if attention_mask is not None and attention_mask.dim() == 2 and bool((attention_mask > 1).any()):
-                raise ValueError("Packed sequences (segment ids in attention_mask) cannot be used with a decode cache")
-            return None, None
-        if self.sequence_parallel is not None:
-            whole_rows = gather_row_segment_ids(self.sequence_parallel, position_ids, attention_mask)
-            context = build_sequence_parallel_context(self.sequence_parallel, whole_rows)
-            return context.local_segment_ids, context
-        return packed_segment_ids(attention_mask, position_ids), None
-
-    def _mixer_inputs(
-        self,
-        inputs_embeds: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        position_ids: torch.Tensor,
-        past_key_values: Cache | None,
-        segment_ids: torch.Tensor | None,
-        sp_context: SequenceParallelContext | None,
-        output_attentions: bool = False,
-    ) -> dict[str, Any]:
-        """The per-mixer inputs every layer gets, built once per forward (as ``Qwen3NextModel`` builds its
-        causal and linear-attention masks):
-
-        - GDN: ``cu_seqlens`` (packed rows; see ``packing.py``) and ``padding_mask`` (1 = token);
-        - MLA: ``attention_mask`` (causal, the caller's 4-D mask, block-causal for eager, or ``None``) and,
-          for packed rows on FlashAttention or sdpa, the samples' borders as FlashAttention's varlen
-          arguments (``cu_seq_lens_q/k``), with no mask: ``kernels.packed_attention_kernel`` (the
-          registry's ``attention`` op) names the kernel that reads them;
-        - both, under sequence parallelism: ``sp_context``, whose mixers exchange what crosses shards;
-        - MLA, ``output_attentions``: the attention maps are wanted, so packed rows get the block-causal mask
-          (eager's) rather than borders, which no kernel that returns weights reads.
-        """
-        if segment_ids is None:
-            padding_mask = None
-            if attention_mask is not None and attention_mask.dim() == 2 and bool((attention_mask == 0).any()):
-                padding_mask = attention_mask[:, -inputs_embeds.shape[1] :]
-            causal_mask = create_causal_mask(
-                config=self.config,
-                inputs_embeds=inputs_embeds,
-                attention_mask=attention_mask,
-                past_key_values=past_key_values,
-                position_ids=position_ids,
-            )
-            return {
-                "attention_mask": causal_mask,
-                "cu_seqlens": None,
-                "padding_mask": padding_mask,
-                "output_attentions": output_attentions,
-            }
-        inputs = {
-            "attention_mask": None,
-            "padding_mask": (segment_ids != 0).to(inputs_embeds.dtype),
-            "output_attentions": output_attentions,
-        }
-        if sp_context is not None:
-            inputs.update(cu_seqlens=sp_context.cu_seqlens, sp_context=sp_context)
-            return inputs
-        inputs["cu_seqlens"] = cu_seqlens_from_segment_ids(segment_ids)
-        implementation = EAGER if output_attentions else self.config._attn_implementation
-        kernel = packed_attention_kernel(implementation, inputs_embeds.device.type)
-        if kernel == Key.FLASH_VARLEN:
-            inputs.update(flash_varlen_kwargs(segment_ids))
-        elif attention_mask is not None and attention_mask.dim() == 4:
-            inputs["attention_mask"] = attention_mask
-        elif kernel in BORDER_KERNELS:
-            inputs.update(flash_varlen_kwargs(segment_ids))
-        else:
-            inputs["attention_mask"] = block_causal_mask(segment_ids)
-        return inputs
 
 
 class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
@@ -603,11 +404,13 @@ class ZebraForCausalLM(ZebraPreTrainedModel, GenerationMixin):
         otherwise); ``liger`` or ``chunked`` demands one. Only training forwards with labels change; they
         return no logits. Returns what a forward on this machine's GPU (its CPU without one) will run.
         """
-        if backend not in ("auto", LIGER, CHUNKED):
-            raise ValueError(f"fused cross-entropy backend must be 'auto', {LIGER!r} or {CHUNKED!r}, got {backend!r}")
+        if backend not in ("auto", Key.LIGER, Key.CHUNKED):
+            raise ValueError(
+                f"fused cross-entropy backend must be 'auto', {Key.LIGER!r} or {Key.CHUNKED!r}, got {backend!r}"
+            )
         self.fused_cross_entropy = backend
         call = Call.on("cuda" if detect_stack().has_gpu else "cpu")
-        return select(LOSS, call, force=self._demanded_loss()).kernel.key
+        return select(Op.LOSS, call, force=self._demanded_loss()).kernel.key
 
     def _demanded_loss(self) -> str | None:
         """``enable_fused_cross_entropy``'s demand, ``None`` for the registry's own choice."""

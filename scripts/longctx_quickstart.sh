@@ -49,7 +49,7 @@ llamafactory-zebra data passkey-sft --model "$OUT/zebra-init" --output-dir "$OUT
 eval_long() {  # eval_long INFER_YAML OUTPUT_DIR
   # Answers are a number (passkey) or a 7-digit value (niah); an untrained model never stops by itself, so the
   # budget is capped. One sample at a time: a left-padded batch of 8K prompts took 12.7 GB.
-  llamafactory-zebra eval-long "$1" --tasks "$EVAL_TASKS" --lengths "$EVAL_LENGTHS" --samples "$EVAL_SAMPLES" \
+  llamafactory-zebra eval-long run "$1" --tasks "$EVAL_TASKS" --lengths "$EVAL_LENGTHS" --samples "$EVAL_SAMPLES" \
     --depths 3 --max-new-tokens 16 --output-dir "$2"
 }
 
@@ -60,12 +60,12 @@ llamafactory-cli train examples/longctx/stage2_long_cpu.yaml "${TRAIN_OVERRIDES[
 echo; echo "eval-long after training:"
 eval_long examples/longctx/infer_trained.yaml "$OUT/eval_after"
 echo; echo "passkey against training tokens (every checkpoint of both stages):"
-llamafactory-zebra eval-long-curve examples/longctx/infer_init.yaml --stages "$OUT/zebra-stage1" "$OUT/zebra-stage2" \
+llamafactory-zebra eval-long curve examples/longctx/infer_init.yaml --stages "$OUT/zebra-stage1" "$OUT/zebra-stage2" \
   --tasks passkey --lengths "$CURVE_LENGTHS" --samples "$CURVE_SAMPLES" --label zebra --output-dir "$OUT/curve"
 
 echo
 echo "Before -> after (percent; eval-long's seed 42, $EVAL_SAMPLES samples per cell):"
-llamafactory-zebra eval-long-compare before="$OUT/eval_before" after="$OUT/eval_after"
+llamafactory-zebra eval-long compare before="$OUT/eval_before" after="$OUT/eval_after"
 echo
 echo "Depth heatmaps: $OUT/eval_before/  $OUT/eval_after/  (depth_heatmap.png: the depth tasks together;"
 echo "                depth_heatmap_TASK.png: each alone, e.g. depth_heatmap_passkey.png)"

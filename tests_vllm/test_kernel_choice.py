@@ -8,7 +8,7 @@ import torch
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 from vllm.platforms import current_platform
 
-from llamafactory_zebra.kernels import CONV_IN_SLOTS, Key, select, this_machine
+from llamafactory_zebra.kernels import Key, Op, select, this_machine
 from llamafactory_zebra.serving.vllm.gdn import conv_in_slots_call
 
 
@@ -22,5 +22,5 @@ def test_the_layer_runs_vllms_conv_exactly_where_it_can(dtype, width):
         and width == 4
         and not is_conv_state_dim_first()
     )
-    chosen = select(CONV_IN_SLOTS, conv_in_slots_call(dtype, width)).kernel.key
+    chosen = select(Op.CONV_IN_SLOTS, conv_in_slots_call(dtype, width)).kernel.key
     assert chosen == (Key.VLLM_CPP if vllm_conv_runs else Key.CONV_OP)

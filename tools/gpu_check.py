@@ -55,7 +55,7 @@ from llamafactory_zebra.kernels import (
     STOP,
     Stack,
     detect_stack,
-    packed_attention_kernel,
+    packed_attention,
     resolve,
 )
 from llamafactory_zebra.kernels.known_issues import BACKWARD, PASSES
@@ -397,7 +397,7 @@ def packed_sdpa_parity(length: int, device: str) -> list[dict[str, str]]:
         loss.backward()
         runs.append((loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
     (loss_borders, grads_borders), (loss_dense, grads_dense) = runs
-    kernel = packed_attention_kernel(SDPA, device)
+    kernel = packed_attention(SDPA, device).key
     return [
         row(
             f"packed sdpa (tiny, fp32, 4 samples in {length})",

@@ -18,10 +18,9 @@ from .commands import SUBCOMMANDS
 
 def _cannot_build_here() -> str | None:
     """Why the registry would not offer the C++ kernels on this machine (``None``: it would)."""
-    from ..kernel_names import Family
-    from ..kernels import GATED_NORM, KERNELS, detect_stack
+    from ..kernels import KERNELS, Family, Op, detect_stack
 
-    entry = next(kernel for kernel in KERNELS if kernel.op == GATED_NORM and kernel.family == Family.CPP)
+    entry = next(kernel for kernel in KERNELS if kernel.op == Op.GATED_NORM and kernel.family == Family.CPP)
     return entry.needs(detect_stack())
 
 

@@ -13,6 +13,10 @@ from typing import NamedTuple
 class Subcommand(NamedTuple):
     module: str
     help: str
+    # A command group's subcommands, and the one ``main`` runs when the next word is none of them (the spelling
+    # from before the group: ``eval-long INFER.yaml`` is ``eval-long run INFER.yaml``).
+    subcommands: tuple[str, ...] = ()
+    default: str | None = None
 
 
 SUBCOMMANDS = {
@@ -42,13 +46,11 @@ SUBCOMMANDS = {
     ),
     "plan": Subcommand("llamafactory_zebra.cli.plan_cmd", "estimate per-GPU memory of a training YAML"),
     "eval-long": Subcommand(
-        "llamafactory_zebra.cli.eval_long_cmd", "RULER-style long-context scores of a model from its inference YAML"
+        "llamafactory_zebra.cli.eval_long_cmd",
+        "long-context evaluation: run (RULER-style scores), compare (reports side by side), curve (over checkpoints)",
+        subcommands=("run", "compare", "curve"),
+        default="run",
     ),
-    "eval-long-compare": Subcommand(
-        "llamafactory_zebra.cli.eval_long_compare_cmd", "eval-long reports side by side (before/after, model/model)"
-    ),
-    "eval-long-curve": Subcommand(
-        "llamafactory_zebra.cli.eval_long_curve_cmd",
-        "eval-long scores of a run's checkpoints against training tokens (a learning curve and its picture)",
-    ),
+    "eval-long-compare": Subcommand("llamafactory_zebra.cli.eval_long_compare_cmd", "alias of `eval-long compare`"),
+    "eval-long-curve": Subcommand("llamafactory_zebra.cli.eval_long_curve_cmd", "alias of `eval-long curve`"),
 }

@@ -1,7 +1,7 @@
-"""``llamafactory-zebra eval-long-compare LABEL=DIR ...``: several ``eval-long`` reports in one table.
+"""``llamafactory-zebra eval-long compare LABEL=DIR ...``: several ``eval-long`` reports in one table.
 
-A command of its own beside ``eval-long`` (not a word after it) because ``eval-long``'s first argument is the
-inference YAML: ``eval-long compare`` would read as a YAML named ``compare``.
+A subcommand of the ``eval-long`` group (``eval_long_cmd.py``); ``eval-long-compare``, its spelling before the
+group, stays as an alias.
 """
 
 from __future__ import annotations
@@ -35,12 +35,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "eval-long-compare",
-        help=SUBCOMMANDS["eval-long-compare"].help,
-        description="Rows task x length (the first report's), one score column (percent) per labelled report; "
-        "a cell a report did not measure shows '-'.",
-    )
+DESCRIPTION = (
+    "Rows task x length (the first report's), one score column (percent) per labelled report; "
+    "a cell a report did not measure shows '-'."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("reports", nargs="+", help="LABEL=PATH: an eval-long output directory or its report.json")
     parser.set_defaults(func=run)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """``eval-long-compare``, the alias."""
+    add_arguments(
+        subparsers.add_parser("eval-long-compare", help=SUBCOMMANDS["eval-long-compare"].help, description=DESCRIPTION)
+    )

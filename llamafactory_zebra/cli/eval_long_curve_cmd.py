@@ -1,7 +1,7 @@
-"""``llamafactory-zebra eval-long-curve INFER.yaml --stages DIR ...``: eval-long scores against training tokens.
+"""``llamafactory-zebra eval-long curve INFER.yaml --stages DIR ...``: eval-long scores against training tokens.
 
-A command of its own beside ``eval-long`` for the reason ``eval-long-compare`` is one (``eval-long``'s first
-argument is the inference YAML). The YAML names the model training started from (the point at 0 tokens) and the
+A subcommand of the ``eval-long`` group (``eval_long_cmd.py``; ``eval-long-curve``, its spelling before the group,
+stays as an alias). The YAML names the model training started from (the point at 0 tokens) and the
 template; each ``--stages`` directory is one ``llamafactory-cli train`` output, in training order, whose
 checkpoints are the other points (:mod:`llamafactory_zebra.evaluation.curve`). ``--overlay LABEL=curve.json``
 draws another run's curve (a dense twin's) on the same picture.
@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from .commands import SUBCOMMANDS
-from .eval_long_cmd import parse_lengths
 from .eval_long_compare_cmd import parse_labelled
+from .eval_long_run_cmd import parse_lengths
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,13 +74,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+DESCRIPTION = (
+    "Score the start model and every checkpoint of staged training runs (save_steps, "
+    "include_num_input_tokens_seen) with eval-long's samples; write curve.json and curve.png."
+)
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser(
-        "eval-long-curve",
-        help=SUBCOMMANDS["eval-long-curve"].help,
-        description="Score the start model and every checkpoint of staged training runs (save_steps, "
-        "include_num_input_tokens_seen) with eval-long's samples; write curve.json and curve.png.",
+    """``eval-long-curve``, the alias."""
+    add_arguments(
+        subparsers.add_parser("eval-long-curve", help=SUBCOMMANDS["eval-long-curve"].help, description=DESCRIPTION)
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="inference YAML: the model training started from, its template")
     parser.add_argument("--stages", nargs="+", required=True, help="llamafactory-cli train output dirs, in order")
     parser.add_argument("--tasks", default="passkey", help="comma-separated eval-long tasks")

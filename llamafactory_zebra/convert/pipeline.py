@@ -269,22 +269,7 @@ def _convert_layers(
     mla_layers = [index for index in range(shape.num_layers) if config.layer_types[index] == MLA]
 
     def finish(index: int, future: Future) -> None:
-        init = future.result()
-        for name, tensor in init.weights.items():
-            emit(f"model.layers.{index}.mla.{name}", tensor)
-        rows[index] = LayerReport(
-            index,
-            MLA,
-            planner.checkpoint.layer_numel(index),
-            _layer_params(expected, index),
-            q_rank=init.q.rank,
-            q_relative_error=init.q.relative_error,
-            q_energy_kept=init.q.energy_kept,
-            kv_rank=init.kv.rank,
-            kv_relative_error=init.kv.relative_error,
-            kv_energy_kept=init.kv.energy_kept,
-            rope_key_spread=init.rope_key_spread,
-        )
+        rows[index] = _write_mla_layer(planner, emit, expected, index, future.result())
 
     layers = tqdm(range(shape.num_layers), desc="converting layers", unit="layer", disable=not progress)
     workers = max(1, min(len(mla_layers), torch.get_num_threads()))
@@ -292,51 +277,78 @@ def _convert_layers(
         single_threaded_torch(workers > 1),
         ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mla-factorisation") as factoriser,
     ):
-        pending: deque[tuple[int, Future]] = deque()
-        for index in mla_layers:
-            attention = planner.checkpoint.read_layer(index, only=ATTENTION_TENSORS)
-            future = factoriser.submit(
-                init_mla_from_attention,
-                attention,
-                num_heads=shape.num_heads,
-                num_kv_heads=shape.num_kv_heads,
-                mla_kv_heads=config.num_key_value_heads,
-                qk_rope_head_dim=config.qk_rope_head_dim,
-                q_lora_rank=config.q_lora_rank,
-                kv_lora_rank=config.kv_lora_rank,
-                interleave=config.rope_interleave,
-            )
-            pending.append((index, future))
+        pending = deque((index, _submit_mla_factorisation(planner, factoriser, index)) for index in mla_layers)
         for index in layers:
             layers.set_postfix_str(config.layer_types[index])
-            is_mla = config.layer_types[index] == MLA
-            tensors = planner.checkpoint.read_layer(index, skip=ATTENTION_TENSORS if is_mla else ())
-            prefix = f"model.layers.{index}."
-            for name in ("input_layernorm", "post_attention_layernorm"):
-                emit(f"{prefix}{name}.weight", tensors[name])
-            for name in ("gate_proj", "up_proj", "down_proj"):
-                emit(f"{prefix}mlp.{name}.weight", tensors[name])
-            del tensors["gate_proj"], tensors["up_proj"], tensors["down_proj"]
-            if not is_mla:
-                init = init_gdn_from_attention(
-                    tensors,
-                    config,
-                    index,
-                    num_heads=shape.num_heads,
-                    num_kv_heads=shape.num_kv_heads,
-                    seed=planner.options.seed,
-                )
-                for name, tensor in init.weights.items():
-                    emit(f"{prefix}gdn.{name}", tensor)
-                copied = {name: f"{kind} 0..{n} of {total}" for name, (kind, n, total) in init.copied.items()}
-                rows[index] = LayerReport(
-                    index, GDN, planner.checkpoint.layer_numel(index), _layer_params(expected, index), copied=copied
-                )
+            gdn_row = _write_layer_outside_mla(planner, emit, expected, index)
+            if gdn_row is not None:
+                rows[index] = gdn_row
             while pending and pending[0][0] <= index and pending[0][1].done():
                 finish(*pending.popleft())
         while pending:
             finish(*pending.popleft())
     return [rows[index] for index in range(shape.num_layers)]
+
+
+def _submit_mla_factorisation(planner: _Planner, factoriser: ThreadPoolExecutor, index: int) -> Future:
+    """Queue MLA layer ``index``'s factorisation from its attention weights (read now: they are small)."""
+    shape, config = planner.shape, planner.config
+    return factoriser.submit(
+        init_mla_from_attention,
+        planner.checkpoint.read_layer(index, only=ATTENTION_TENSORS),
+        num_heads=shape.num_heads,
+        num_kv_heads=shape.num_kv_heads,
+        mla_kv_heads=config.num_key_value_heads,
+        qk_rope_head_dim=config.qk_rope_head_dim,
+        q_lora_rank=config.q_lora_rank,
+        kv_lora_rank=config.kv_lora_rank,
+        interleave=config.rope_interleave,
+    )
+
+
+def _write_mla_layer(planner: _Planner, emit, expected: dict[str, tuple[int, ...]], index: int, init) -> LayerReport:
+    """Write a finished MLA factorisation and its report row."""
+    for name, tensor in init.weights.items():
+        emit(f"model.layers.{index}.mla.{name}", tensor)
+    return LayerReport(
+        index,
+        MLA,
+        planner.checkpoint.layer_numel(index),
+        _layer_params(expected, index),
+        q_rank=init.q.rank,
+        q_relative_error=init.q.relative_error,
+        q_energy_kept=init.q.energy_kept,
+        kv_rank=init.kv.rank,
+        kv_relative_error=init.kv.relative_error,
+        kv_energy_kept=init.kv.energy_kept,
+        rope_key_spread=init.rope_key_spread,
+    )
+
+
+def _write_layer_outside_mla(
+    planner: _Planner, emit, expected: dict[str, tuple[int, ...]], index: int
+) -> LayerReport | None:
+    """Write layer ``index``'s norms and MLP, and for a GDN layer its mixer (HyLo copies); the GDN layer's report
+    row, ``None`` for an MLA layer (its mixer comes from the factoriser)."""
+    shape, config = planner.shape, planner.config
+    is_mla = config.layer_types[index] == MLA
+    tensors = planner.checkpoint.read_layer(index, skip=ATTENTION_TENSORS if is_mla else ())
+    prefix = f"model.layers.{index}."
+    for name in ("input_layernorm", "post_attention_layernorm"):
+        emit(f"{prefix}{name}.weight", tensors[name])
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        emit(f"{prefix}mlp.{name}.weight", tensors[name])
+    del tensors["gate_proj"], tensors["up_proj"], tensors["down_proj"]
+    if is_mla:
+        return None
+    init = init_gdn_from_attention(
+        tensors, config, index, num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads, seed=planner.options.seed
+    )
+    for name, tensor in init.weights.items():
+        emit(f"{prefix}gdn.{name}", tensor)
+    copied = {name: f"{kind} 0..{n} of {total}" for name, (kind, n, total) in init.copied.items()}
+    numel = planner.checkpoint.layer_numel(index)
+    return LayerReport(index, GDN, numel, _layer_params(expected, index), copied=copied)
 
 
 @contextlib.contextmanager

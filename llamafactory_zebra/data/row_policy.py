@@ -47,7 +47,7 @@ def _scan_check(converter: GuardedConverter):
     columns = converter.required_columns()
 
     def check(row: dict[str, Any]) -> str:
-        return converter({**dict.fromkeys(columns), **row})[DROP_REASON_COLUMN]
+        return converter.reason({**dict.fromkeys(columns), **row})
 
     return check
 
@@ -78,10 +78,11 @@ def malformed_rows_message(attr: DatasetAttr, dataset_dir: str, converter: Guard
 def check_converted_rows(
     dataset: Any, attr: DatasetAttr, dataset_dir: str, converter: GuardedConverter, logger: Any
 ) -> Any:
-    """The dataset without the rows the converter guard refused: raise for them, or log them (count and row
-    indices) and leave them out when the entry skips. Streamed rows are seen only during training (``data
-    inspect`` reads them ahead): the guard's warning names the first of each kind, and they are left out.
-    For ``data inspect`` (``REPORT_ATTRIBUTE``) the placeholders stay, to be counted.
+    """The dataset without the rows the converter guard refused, and without the guard's drop-reason column:
+    raise for them, or log them (count and row indices) and leave them out when the entry skips. Streamed
+    rows are seen only during training (``data inspect`` reads them ahead): the guard's warning names the
+    first of each kind, and they are left out. For ``data inspect`` (``REPORT_ATTRIBUTE``) the placeholders
+    and the column stay, to be counted.
 
     Left in, a refused row's placeholder would still reach the processors that do not skip it: pre-training
     would train on its empty text, and KTO pairs each row with its neighbour's response.
@@ -90,15 +91,17 @@ def check_converted_rows(
 
     reporting = bool(getattr(attr, REPORT_ATTRIBUTE, False))
     if isinstance(dataset, IterableDataset):
-        return dataset if reporting else dataset.filter(lambda reason: not reason, input_columns=[DROP_REASON_COLUMN])
+        if reporting or DROP_REASON_COLUMN not in (dataset.column_names or [DROP_REASON_COLUMN]):
+            return dataset  # (a streamed map's columns may be unknown: then the column is there)
+        kept = dataset.filter(lambda reason: not reason, input_columns=[DROP_REASON_COLUMN])
+        return kept.remove_columns(DROP_REASON_COLUMN)
     if not isinstance(dataset, Dataset) or DROP_REASON_COLUMN not in dataset.column_names:
         return dataset
     reasons = dataset[DROP_REASON_COLUMN]
     refused = [(index, reason) for index, reason in enumerate(reasons) if reason]
-    if not refused:
-        return dataset
-    label = dataset_label(attr)
-    if skips_invalid_rows(attr) or reporting:
+    if refused and not (skips_invalid_rows(attr) or reporting):
+        raise MalformedDataError(_refused_rows_message(dataset, attr, dataset_dir, converter, refused))
+    if refused:
         rows_by_kind: dict[str, list[int]] = defaultdict(list)
         for index, reason in refused:
             rows_by_kind[split_reason(reason)[0]].append(index)
@@ -108,23 +111,34 @@ def check_converted_rows(
             for kind, rows in rows_by_kind.items()
         )
         logger.warning_rank0(
-            f"llamafactory-zebra: dataset '{label}': skipping {len(refused)} of {len(dataset)} rows ({SKIP_KEY}): "
-            f"{listed}. `llamafactory-zebra data inspect` shows each reason."
+            f"llamafactory-zebra: dataset '{dataset_label(attr)}': skipping {len(refused)} of {len(dataset)} rows "
+            f"({SKIP_KEY}): {listed}. `llamafactory-zebra data inspect` shows each reason."
         )
-        return dataset if reporting else dataset.select([index for index, reason in enumerate(reasons) if not reason])
-    message = None
+    if reporting:
+        return dataset
+    if refused:
+        dataset = dataset.select([index for index, reason in enumerate(reasons) if not reason])
+    return dataset.remove_columns(DROP_REASON_COLUMN)
+
+
+def _refused_rows_message(
+    dataset: Any, attr: DatasetAttr, dataset_dir: str, converter: GuardedConverter, refused: list[tuple[int, str]]
+) -> str:
+    """The error for refused rows: by file, row and line when the files show them, else by loaded index (hub
+    data, or rows only a sampled subset shows)."""
     if attr.load_from == "file":
         message = malformed_rows_message(attr, dataset_dir, replace(converter, quiet=True), "refused")
-    if message is None:  # hub data, or rows only a sampled subset shows: name them by their loaded index
-        shown = "\n".join(f"  - loaded row {index}: {reason}" for index, reason in refused[:ROWS_LISTED])
-        example = valid_row_example(attr, converter.uses_messages, converter.stage)
-        message = (
-            f"Dataset '{label}' ({attr.dataset_name}): {len(refused)} of {len(dataset)} loaded rows are malformed:\n"
-            f"{shown}\nA valid row of this entry looks like:\n  {example}\n"
-            f"Fix the data, or add \"{SKIP_KEY}\": true to the '{label}' entry of dataset_info.json to train "
-            "without them."
-        )
-    raise MalformedDataError(message)
+        if message is not None:
+            return message
+    label = dataset_label(attr)
+    shown = "\n".join(f"  - loaded row {index}: {reason}" for index, reason in refused[:ROWS_LISTED])
+    example = valid_row_example(attr, converter.uses_messages, converter.stage)
+    return (
+        f"Dataset '{label}' ({attr.dataset_name}): {len(refused)} of {len(dataset)} loaded rows are malformed:\n"
+        f"{shown}\nA valid row of this entry looks like:\n  {example}\n"
+        f"Fix the data, or add \"{SKIP_KEY}\": true to the '{label}' entry of dataset_info.json to train "
+        "without them."
+    )
 
 
 def empty_files_message(attr: DatasetAttr, dataset_dir: str, converter: GuardedConverter) -> str | None:

@@ -5,8 +5,10 @@ a generic "Invalid role tag" warning, so a dataset with a missing column fails d
 ``datasets.map`` and a broken row vanishes without a reason. Every converter (LLaMA-Factory's and
 ours) runs behind :class:`GuardedConverter`: a dataset whose mapped column is absent raises a
 ``ValueError`` naming the dataset, the column and the columns present; a bad row becomes a
-placeholder example carrying its reason in the extra ``_zebra_drop_reason`` column (removed with the
-other columns at tokenization), which ``data inspect`` counts per reason with row indices. Rows are
+placeholder example that every processor skips. The converter's rows hold LLaMA-Factory's keys and no
+others, for every model: the reasons travel in a ``_zebra_drop_reason`` column only while the loader seam
+loads a dataset (:func:`collecting_drop_reasons`), and that seam removes the column again after reading it
+(``data inspect`` counts them per reason with row indices). Rows are
 checked for the stage being loaded (``stages.py``): pre-training text, SFT answers, preference pairs,
 KTO tags; a row the stage's processor would skip or crash on is such a drop. After conversion the loader seam
 (``integration/datasets.py``) turns any such row into an error naming file, row and field, unless the
@@ -17,6 +19,9 @@ them before any processor sees them).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +34,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DROP_REASON_COLUMN = "_zebra_drop_reason"
+_COLLECTING_REASONS: ContextVar[bool] = ContextVar("zebra_collecting_drop_reasons", default=False)
 _MEDIA_FIELDS = ("images", "videos", "audios")
 # DatasetAttr fields each stock converter reads with ``example[...]`` (absent column -> KeyError upstream).
 _STOCK_FIELDS = {
@@ -272,8 +278,8 @@ def check_sharegpt_row(example: dict[str, Any], attr: DatasetAttr, stage: str = 
 _STOCK_ROW_CHECKS = {"alpaca": check_alpaca_row, "sharegpt": check_sharegpt_row, "openai": check_openai_row}
 
 
-def empty_example(reason: str) -> dict[str, Any]:
-    """The aligned form of a dropped row.
+def placeholder_example() -> dict[str, Any]:
+    """The aligned form of a dropped row, with LLaMA-Factory's aligned keys only.
 
     An even number of prompt turns makes every LLaMA-Factory processor that checks turns (SFT,
     pairwise, KTO, prediction) skip the row. The turns are real (empty) messages rather than empty
@@ -289,8 +295,26 @@ def empty_example(reason: str) -> dict[str, Any]:
         "_images": None,
         "_videos": None,
         "_audios": None,
-        DROP_REASON_COLUMN: reason,
     }
+
+
+@contextmanager
+def collecting_drop_reasons() -> Iterator[None]:
+    """Converters handed out inside this block add :data:`DROP_REASON_COLUMN` to each row ("" for a kept row).
+
+    Only the loader seam opens it, around one dataset's load, and it removes the column from the loaded
+    dataset (``row_policy.check_converted_rows``): a column is the one channel that comes back from
+    ``datasets.map`` worker processes, and outside the block a converter's rows are exactly stock.
+    """
+    token = _COLLECTING_REASONS.set(True)
+    try:
+        yield
+    finally:
+        _COLLECTING_REASONS.reset(token)
+
+
+def collects_drop_reasons() -> bool:
+    return _COLLECTING_REASONS.get()
 
 
 def _plugin_version() -> str:
@@ -305,15 +329,18 @@ class GuardedConverter:
 
     ``stage`` is the LLaMA-Factory stage whose processor consumes the rows (recorded by the loader seam,
     see ``stages.py``): a row is checked for that processor, and a row it would skip or crash on is a drop.
-    ``plugin_version`` and ``stage`` are part of the pickled state that ``datasets`` hashes into its cache
-    key (classes themselves are hashed by name), so an upgraded plugin or another stage does not reuse
-    stale conversions.
+    ``with_reasons`` (set for converters made inside :func:`collecting_drop_reasons`) adds each row's drop
+    reason as :data:`DROP_REASON_COLUMN`; without it a row holds LLaMA-Factory's aligned keys only.
+    ``plugin_version``, ``stage`` and ``with_reasons`` are part of the pickled state that ``datasets`` hashes
+    into its cache key (classes themselves are hashed by name), so an upgraded plugin, another stage or the
+    other column set does not reuse stale conversions.
     """
 
     converter: DatasetConverter
     formatting: str
     quiet: bool = False
     stage: str | None = None
+    with_reasons: bool = False
     plugin_version: str = field(default_factory=_plugin_version)
     _warned: set[str] = field(default_factory=set, repr=False)
 
@@ -339,7 +366,11 @@ class GuardedConverter:
     def required_columns(self) -> tuple[str, ...]:
         return tuple(getattr(self.attr, name) for name in self._fields())
 
-    def __call__(self, example: dict[str, Any]) -> dict[str, Any]:
+    def convert(self, example: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """The aligned row and its drop reason ("" when kept; a placeholder row when dropped).
+
+        Raises :class:`MissingColumnError` when a mapped column is absent: a dataset's error, not a row's.
+        """
         check_columns(example, self.attr, self._fields())
         try:
             check_row = _STOCK_ROW_CHECKS.get(self.formatting)
@@ -354,9 +385,17 @@ class GuardedConverter:
         if refusal is not None:
             kind, detail = refusal
             return self._drop(kind, f"LLaMA-Factory's {self.formatting} converter: {detail}")
-        return {**output, DROP_REASON_COLUMN: ""}
+        return output, ""
 
-    def _drop(self, kind: str, detail: str) -> dict[str, Any]:
+    def reason(self, example: dict[str, Any]) -> str:
+        """Why this row is dropped, or "" when it is kept."""
+        return self.convert(example)[1]
+
+    def __call__(self, example: dict[str, Any]) -> dict[str, Any]:
+        output, reason = self.convert(example)
+        return {**output, DROP_REASON_COLUMN: reason} if self.with_reasons else output
+
+    def _drop(self, kind: str, detail: str) -> tuple[dict[str, Any], str]:
         if kind not in self._warned and not self.quiet:
             self._warned.add(kind)
             logger.warning(
@@ -365,4 +404,4 @@ class GuardedConverter:
                 kind,
                 detail,
             )
-        return empty_example(f"{kind}: {detail}")
+        return placeholder_example(), f"{kind}: {detail}"

@@ -11,8 +11,9 @@ build logits one chunk of tokens at a time:
   log-probabilities are already there) and is weighted in when ``ce_weight > 0``.
 - Liger's ``LigerFusedLinearJSD`` (Triton) with ``jsd_beta`` 0 (forward KL) or 1 (reverse KL) on GPUs.
 
-Which one a training step runs is the kernel registry's ``distillation loss`` op (its entries name these
-functions): :func:`kd_loss_sums` runs what it chooses (``force="liger"`` demands Liger's).
+Which one a training step runs is the kernel registry's ``distillation loss`` op (this module binds these
+functions to its entries, at its end): :func:`kd_loss_sums` runs what it chooses (``force="liger"`` demands
+Liger's).
 
 Conventions (both backends): at temperature T, with p the teacher's and q the student's softmax of
 logits / T, the per-token loss is ``T² · KL(p‖q)`` (forward) or ``T² · KL(q‖p)`` (``reverse``), the T²
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels import DISTILLATION_LOSS, Call, KernelLoadError, run
+from ..kernels import Call, KernelLoadError, Key, Op, bind, run
 from ..loss import IGNORE_INDEX, default_chunk_tokens
 
 
@@ -110,7 +111,7 @@ def kd_loss_sums(
     reverse: bool = False,
     kl_weight: float = 1.0,
     ce_weight: float = 0.0,
-    force: str | None = None,
+    force: Key | None = None,
     chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(kl_weight·KD + ce_weight·CE, KD, CE)`` summed over target tokens; only the first is differentiable.
@@ -136,7 +137,7 @@ def kd_loss_sums(
     arguments = (student_hidden, student_weight, teacher_hidden, teacher_weight, targets)
     weights = (temperature, reverse, kl_weight, ce_weight)
     call = Call.of(student_hidden)
-    return run(DISTILLATION_LOSS, call, *arguments, *weights, chunk_tokens, force=force)
+    return run(Op.DISTILLATION_LOSS, call, *arguments, *weights, chunk_tokens, force=force)
 
 
 def _chunked_kd_loss_sums(
@@ -232,3 +233,6 @@ def full_logits_kd_loss_sums(
     kd = (kl * valid).sum() * temperature**2
     ce = torch.nn.functional.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
     return kl_weight * kd + ce_weight * ce, kd.detach(), ce.detach()
+
+
+bind(Op.DISTILLATION_LOSS, {Key.LIGER: _liger_kd_loss_sums, Key.CHUNKED: _chunked_kd_loss_sums})

@@ -30,7 +30,7 @@ from llamafactory.train.sft.trainer import CustomSeq2SeqTrainer
 from ..attention_policy import FLASH_ATTENTION_BACKENDS, distill_teacher_attention
 from ..configuration_zebra import is_zebra_config
 from ..hparams import ZebraArguments, zebra_arguments
-from ..kernels import DISTILLATION_LOSS, Call, select
+from ..kernels import Call, Op, select
 from ..loss import IGNORE_INDEX, shifted_targets
 from .ild import LayerHooks, decoder_layers, ild_layer_losses, teacher_layer_states
 from .kd_loss import kd_loss_sums
@@ -95,7 +95,7 @@ class DistillTrainer(CustomSeq2SeqTrainer):
         self._log(
             f"distill: {self.distill.distill} from {self.distill.teacher_model_name_or_path} "
             f"(teacher replicated on each rank, {dtype}, frozen; KD on this device: "
-            f"{select(DISTILLATION_LOSS, Call.on(self.args.device.type)).kernel.key})"
+            f"{select(Op.DISTILLATION_LOSS, Call.on(self.args.device.type)).kernel.key})"
         )
 
     def _log(self, message: str) -> None:

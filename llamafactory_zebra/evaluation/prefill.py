@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..modeling_zebra import packed_segment_ids
+from ..packing import packed_segment_ids
 
 # Called with (chunk start, logits of the chunk [B, chunk, V]) as each chunk is computed.
 ChunkCallback = Callable[[int, torch.Tensor], None]

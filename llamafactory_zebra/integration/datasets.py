@@ -9,7 +9,8 @@ on a name clash) and adds the registry's names behind them.
 Seams (module → name, parameters relied on):
 - ``data.converter.register_dataset_converter(name, dataset_converter)``: our converters.
 - ``data.converter.get_dataset_converter(name, dataset_attr, data_args)``: every converter runs
-  behind ``GuardedConverter`` (clear schema errors, counted drops; see ``data/validation.py``).
+  behind ``GuardedConverter`` (clear schema errors, counted drops; see ``data/validation.py``); its rows
+  hold LLaMA-Factory's keys only, except while ``_load_single_dataset`` below collects drop reasons.
 - ``data.parser.get_dataset_list(dataset_names, dataset_dir)``: called with the merged entries as a
   dict, which upstream accepts in place of a directory.
 - ``data.loader._get_merged_dataset(dataset_names, model_args, data_args, training_args, stage)``: the
@@ -19,6 +20,7 @@ Seams (module → name, parameters relied on):
 - ``data.loader._load_single_dataset(dataset_attr, model_args, data_args, training_args)``: an empty file,
   a file that ``datasets`` cannot load, or rows the guard refused, become one error naming the dataset,
   file, row, line and field (``data/row_policy.py``), unless the entry sets ``"skip_invalid_rows": true``.
+  The guard's drop reasons come back as a column of the converted rows, which this seam removes.
 - ``data.loader._get_preprocessed_dataset(dataset, data_args, training_args, stage, template, tokenizer,
   processor, is_eval)``: SFT rows longer than ``cutoff_len``, which upstream truncates silently, are counted
   and warned about before tokenisation, naming the fix (``data/cutoff.py``).
@@ -105,7 +107,7 @@ def register_zebra_converters(module: ModuleType) -> None:
 
 def guarded_converters(module: ModuleType) -> Any:
     """Every converter LLaMA-Factory hands out runs behind the row guard."""
-    from ..data.validation import GuardedConverter, dataset_label
+    from ..data.validation import GuardedConverter, collects_drop_reasons, dataset_label
 
     get_converter, converters = original(module, "get_dataset_converter"), _converters(module)
 
@@ -116,7 +118,8 @@ def guarded_converters(module: ModuleType) -> Any:
                 f"Dataset '{dataset_label(dataset_attr)}': unknown formatting {name!r}; "
                 f"known: {', '.join(converters)}."
             )
-        return GuardedConverter(get_converter(name, dataset_attr, data_args), name)
+        converter = get_converter(name, dataset_attr, data_args)
+        return GuardedConverter(converter, name, with_reasons=collects_drop_reasons())
 
     return guarded_get_dataset_converter
 
@@ -183,7 +186,7 @@ def named_row_errors(module: ModuleType) -> Any:
         empty_files_message,
         malformed_rows_message,
     )
-    from ..data.validation import MissingColumnError
+    from ..data.validation import MissingColumnError, collecting_drop_reasons
 
     load_single_dataset = original(module, "_load_single_dataset")
 
@@ -196,7 +199,8 @@ def named_row_errors(module: ModuleType) -> Any:
             if message is not None:
                 raise EmptyDataError(message)
         try:
-            dataset = load_single_dataset(dataset_attr, model_args, data_args, training_args)
+            with collecting_drop_reasons():
+                dataset = load_single_dataset(dataset_attr, model_args, data_args, training_args)
         except Exception as err:
             if dataset_attr.load_from != "file" or isinstance(err, (MalformedDataError, MissingColumnError)):
                 raise

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..attention_policy import LLAMAFACTORY_FA2, SDPA, attn_implementation_for, flash_attn_value
 from ..configuration_zebra import is_zebra_config
 from ..hparams import TrainingRun, data_parallel_size, optimizer_steps_per_epoch, total_optimizer_steps
-from ..kernels import packed_attention_kernel, this_machine
+from ..kernels import packed_attention, this_machine
 from .config_conflicts import check_deepspeed_conflicts, deepspeed_warnings
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ def _accelerator_warnings(model_args: ModelArguments, training_args: TrainingArg
     from transformers.utils import is_flash_attn_2_available
 
     if attention == LLAMAFACTORY_FA2 and not is_flash_attn_2_available():
-        kernel = packed_attention_kernel(SDPA, "cuda")
+        kernel = packed_attention(SDPA, "cuda").key
         warnings.append(
             f"flash_attn: fa2 in {arguments} but flash-attn is not installed: LLaMA-Factory falls back to SDPA, "
             f"which runs packed rows on {kernel} (docs/architecture.md#packed-sequences); install flash-attn "
@@ -138,10 +138,10 @@ def _accelerator_warnings(model_args: ModelArguments, training_args: TrainingArg
     return warnings
 
 
-def training_steps(
+def optimizer_steps(
     training_args: TrainingArguments, num_train_examples: int | None, sequence_parallel: int = 1
 ) -> int | None:
-    """Optimizer steps the Trainer will run (``hparams/training_steps.py``), or ``None`` if unknowable.
+    """Optimizer steps the Trainer will run (``hparams/optimizer_steps.py``), or ``None`` if unknowable.
 
     Sequence-parallel ranks share a batch, so only the data-parallel ranks
     (``hparams.data_parallel_size``) read different batches.
@@ -163,7 +163,7 @@ def _warmup_warning(run: TrainingRun, num_train_examples: int | None) -> str | N
     ratio = training_args.warmup_steps  # transformers >= 5 stores warmup_ratio here as a float < 1
     if not 0 < ratio < 1:
         return None
-    steps = training_steps(training_args, num_train_examples, run.zebra.sequence_parallel_size)
+    steps = optimizer_steps(training_args, num_train_examples, run.zebra.sequence_parallel_size)
     if steps is None:
         return None
     warmup = training_args.get_warmup_steps(steps)

@@ -1,11 +1,14 @@
 """The kernel registry's one decider: :func:`select` chooses an entry of ``registry.py``'s table for a call, and
-:func:`run` runs the function that entry names.
+:func:`run` runs the function its op's module bound for that entry (``bindings.py``).
 
 The ops call :func:`run` at each call with a :class:`~.registry.Call` built from their inputs, and ``resolve()``
 (``llamafactory-zebra doctor``, the training preflight, the inference entry points) calls :func:`select` with the
 call a run of the recipe makes on that machine, so both answer the same. The switches (``switches.py``) leave
-entries out or force them. The table (``registry.py``) holds the entries and their code; this module holds no
-entry of its own, so adding one is an edit of the table alone.
+entries out or force them. The table (``registry.py``) holds the entries and their rules, the ops' modules their
+functions; this module holds no entry of its own, so adding one is a row and its function.
+
+A caller whose call's facts are fixed once (a vLLM layer: its dtype, state layout and platform are known at init)
+chooses once with :func:`fixed_call`, as vLLM's own layers bind their kernels when they are built.
 """
 
 from __future__ import annotations
@@ -15,20 +18,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..kernel_names import Op
-from .registry import (
-    ATTENTION,
-    FACTS,
-    FLA_INSTALL,
-    FLA_MISSING,
-    KERNELS,
-    OPS,
-    RUN,
-    TORCH_GDN_GPU_COST,
-    Call,
-    Kernel,
-    triton_interpreter_enabled,
-)
+from ..kernel_names import EntryPoint, Key, Op
+from .bindings import bound_function
+from .op_specs import OP_SPECS, OPS
+from .registry import FLA_INSTALL, FLA_MISSING, KERNELS, TORCH_GDN_GPU_COST, Call, Kernel, triton_interpreter_enabled
 from .stack import Stack, detect_stack
 from .switches import SWITCHES, Switch
 
@@ -74,7 +67,7 @@ def _machine_reason(kernel: Kernel, stack: Stack) -> str | None:
     return kernel.needs(stack)
 
 
-def select(op: str, call: Call, stack: Stack | None = None, force: str | None = None) -> Selection:
+def select(op: Op, call: Call, stack: Stack | None = None, force: Key | None = None) -> Selection:
     """The kernel ``op`` runs for ``call`` on ``stack`` (default: :func:`~.stack.detect_stack`).
 
     ``force`` is a key the caller demands (a model's ``enable_fused_cross_entropy("liger")``), strict like
@@ -93,9 +86,10 @@ def _select(
     entries = sorted((k for k in KERNELS if k.op == op), key=lambda k: k.priority)
     if not entries:
         raise KeyError(f"no kernel registered for op {op!r}; ops: {', '.join(OPS)}")
-    unknown = sorted(set(call.facts) - FACTS[op])
+    facts_read = OP_SPECS[op].facts
+    unknown = sorted(set(call.facts) - facts_read)
     if unknown:
-        declared = ", ".join(sorted(FACTS[op])) or "none"
+        declared = ", ".join(sorted(facts_read)) or "none"
         raise ValueError(f"{op}: a call with unknown fact(s) {', '.join(unknown)} (its entries read: {declared})")
     if force is not None and force not in {k.key for k in entries}:
         raise ValueError(f"{op}: {force!r} is not one of {', '.join(k.key for k in entries)}")
@@ -176,7 +170,7 @@ def _forcing_switches(kernel: Kernel) -> list[str]:
     ]
 
 
-def run(op: Op, call: Call, *args, force: str | None = None, entry_point: str = RUN, **kwargs):
+def run(op: Op, call: Call, *args, force: Key | None = None, entry_point: EntryPoint = EntryPoint.RUN, **kwargs):
     """Run ``op``'s kernel for ``call``: :func:`select`, then the chosen entry's function (its ``entry_point``:
     ``conv`` has one for whole sequences and one for decode steps).
 
@@ -194,23 +188,56 @@ def run(op: Op, call: Call, *args, force: str | None = None, entry_point: str = 
             report_unusable(op, selection.kernel.key, str(error))
 
 
-def packed_attention_kernel(attn_implementation: str | None, device_type: str) -> str:
-    """What MLA attention runs on for packed rows (``attention_policy`` names the kernels), for the model's
-    ``attn_implementation`` and the device type of its tensors (``"cuda"`` also on ROCm).
+class FixedCall:
+    """An op chosen once for a call whose facts do not change (a vLLM layer's, known when it is built): calling it
+    runs the chosen entry's function, as :func:`run` would, without deciding again. An entry whose package turns out
+    not to load (:class:`KernelLoadError`) is passed over and the op chosen again, as :func:`run` does."""
 
-    >>> packed_attention_kernel("flash_attention_2", "cuda"), packed_attention_kernel("eager", "cpu")
+    def __init__(self, op: Op, call: Call) -> None:
+        self.op, self.call = op, call
+        self.selection = select(op, call)
+
+    @property
+    def kernel(self) -> Kernel:
+        return self.selection.kernel
+
+    def __call__(self, *args, entry_point: EntryPoint = EntryPoint.RUN, **kwargs):
+        while True:
+            try:
+                return implementation(self.kernel, entry_point)(*args, **kwargs)
+            except KernelLoadError as error:
+                report_unusable(self.op, self.kernel.key, str(error))
+                self.selection = select(self.op, self.call)
+
+
+def fixed_call(op: Op, call: Call) -> FixedCall:
+    """``op`` chosen once for ``call`` (:class:`FixedCall`); the missing-package warning, if any, now."""
+    fixed = FixedCall(op, call)
+    if fixed.selection.missing is not None:
+        emit_once(fixed.selection.missing.missing_warning, missing_message(fixed.selection.missing), logger.warning)
+    return fixed
+
+
+def packed_attention(attn_implementation: str | None, device_type: str) -> Kernel:
+    """The entry MLA attention runs for packed rows (``attention_policy`` names the implementations), for the
+    model's ``attn_implementation`` and the device type of its tensors (``"cuda"`` also on ROCm); its properties
+    say what the caller hands it (:attr:`Kernel.reads_borders`, :attr:`Kernel.needs_mask`, ...).
+
+    >>> packed_attention("flash_attention_2", "cuda").key, packed_attention("eager", "cpu").key
     ('flash_varlen', 'dense_mask')
-    >>> packed_attention_kernel("sdpa", "cuda"), packed_attention_kernel("sdpa", "cpu")
+    >>> packed_attention("sdpa", "cuda").key, packed_attention("sdpa", "cpu").key
     ('flex_block_mask', 'sdpa_per_segment')
+    >>> packed_attention("sdpa", "cpu").reads_borders, packed_attention("eager", "cpu").needs_mask
+    (True, True)
     """
-    return select(ATTENTION, Call.on(device_type, attn_implementation=attn_implementation)).kernel.key
+    return select(Op.ATTENTION, Call.on(device_type, attn_implementation=attn_implementation)).kernel
 
 
 def packed_attention_function(attn_implementation: str | None, device_type: str) -> Callable | None:
-    """The function of :func:`packed_attention_kernel`'s entry; ``None`` for the dense mask, which runs the model's
-    own attention function."""
-    kernel = select(ATTENTION, Call.on(device_type, attn_implementation=attn_implementation)).kernel
-    return implementation(kernel) if kernel.code else None
+    """The function of :func:`packed_attention`'s entry; ``None`` for the dense mask, which runs the model's own
+    attention function."""
+    kernel = packed_attention(attn_implementation, device_type)
+    return implementation(kernel) if kernel.has_function else None
 
 
 def fla_missing_message() -> str:
@@ -237,6 +264,6 @@ def emit_once(key: str, message: str, emit: Callable[[str], None]) -> bool:
     return True
 
 
-def implementation(kernel: Kernel, entry_point: str = RUN) -> Callable:
-    """The function ``kernel`` names for ``entry_point``, looked up at each call (its module is imported once)."""
-    return kernel.function(entry_point)
+def implementation(kernel: Kernel, entry_point: EntryPoint = EntryPoint.RUN) -> Callable:
+    """The function bound for ``kernel`` at ``entry_point``, looked up at each call (the tests spy on it)."""
+    return bound_function(kernel, entry_point)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .registry import FLA, GDN_CHUNK, TORCH_GDN_GPU_COST
+from ..kernel_names import Family, Op
+from .registry import TORCH_GDN_GPU_COST
 from .run_dtype import BF16, FP32
 from .stack import Stack, parse_version
 from .switches import BACKEND_ENV_VAR
@@ -53,8 +54,8 @@ class VersionRange:
 @dataclass(frozen=True)
 class KnownIssue:
     key: str
-    part: str  # the op it concerns (``registry.OPS``), or MATMULS
-    kernel_family: str | None  # the kernel family of that op it concerns (``registry.FAMILIES``); None: any
+    part: str  # the op it concerns (``op_specs.OPS``), or MATMULS
+    kernel_family: str | None  # the kernel family of that op it concerns (``kernel_names.Family``); None: any
     summary: str
     vendor: str  # "cuda", "rocm" or "cpu" (a run without a GPU, or with ``use_cpu``)
     versions: tuple[VersionRange, ...]
@@ -103,8 +104,8 @@ class KnownIssue:
 KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     KnownIssue(
         key="fla-hopper-triton-gated-bwd",
-        part=GDN_CHUNK,
-        kernel_family=FLA,
+        part=Op.GDN_CHUNK,
+        kernel_family=Family.FLA,
         summary=(
             "Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs miscompiles fla's gated chunk_bwd_dqkwg (the GDN "
             "backward); fla raises at the first backward, after its kernels compiled (minutes on a fresh machine)"
@@ -135,8 +136,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     ),
     KnownIssue(
         key="fla-rocm-autotune-stages",
-        part=GDN_CHUNK,
-        kernel_family=FLA,
+        part=Op.GDN_CHUNK,
+        kernel_family=Family.FLA,
         summary=(
             "Triton's autotuning of fla kernels with num_stages >= 3 configs hangs on MI300X (reported for "
             "chunk_h.py's chunk_bwd_kernel_dh and KDA's chunk_kda_bwd_kernel_intra); a hang at the first "
@@ -164,8 +165,8 @@ KNOWN_ISSUES: tuple[KnownIssue, ...] = (
     ),
     KnownIssue(
         key=TRITON_CACHE_SHARED,
-        part=GDN_CHUNK,
-        kernel_family=FLA,
+        part=Op.GDN_CHUNK,
+        kernel_family=Family.FLA,
         summary=(
             "ranks that share one Triton cache directory race while they compile and autotune fla's kernels "
             "(reported: AMD's Primus carried a cache directory per local rank)"

@@ -18,33 +18,13 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..attention_policy import FLASH_ATTENTION_2, SDPA
-from ..kernel_names import Fact, Family
+from ..kernel_names import Family, Op
 from .decider import KernelUnavailable, Selection, missing_message, select
 from .known_issues import FORWARD, KNOWN_ISSUES, PASSES, KnownIssue
-from .registry import (
-    ATTENTION,
-    CONV,
-    CONV_IN_SLOTS,
-    DISTILLATION_LOSS,
-    FLA_INSTALL,
-    GATED_NORM,
-    GDN_CHUNK,
-    GDN_DECODE_STEP,
-    GDN_PREFILL_IN_SLOTS,
-    GDN_RECURRENT,
-    LOSS,
-    Call,
-)
+from .op_specs import INFERENCE, OP_SPECS, PHASE_OPS, SERVING, TRAINING, Recipe
+from .registry import FLA_INSTALL, Call
 from .stack import Stack
 
-TRAINING, INFERENCE, SERVING = "training", "inference", "serving (vLLM)"
-PHASES = (TRAINING, INFERENCE, SERVING)
-# The ops each phase runs, in the order doctor prints them.
-PHASE_OPS = {
-    TRAINING: (GDN_CHUNK, CONV, ATTENTION, LOSS, DISTILLATION_LOSS),
-    INFERENCE: (GDN_CHUNK, GDN_RECURRENT, CONV, GATED_NORM, ATTENTION),
-    SERVING: (GDN_PREFILL_IN_SLOTS, GDN_DECODE_STEP, CONV_IN_SLOTS, GATED_NORM),
-}
 STOP, WARN, NOTE = "stop", "warn", "note"
 # The activations a run of the recipe computes in (released checkpoints are bf16; vLLM serves them in bf16).
 RUN_DTYPE = torch.bfloat16
@@ -113,25 +93,14 @@ class Resolution:
 
 
 def run_call(
-    op: str, stack: Stack, attn_implementation: str = SDPA, liger_enabled: bool = True, dtype: torch.dtype = RUN_DTYPE
+    op: Op, stack: Stack, attn_implementation: str = SDPA, liger_enabled: bool = True, dtype: torch.dtype = RUN_DTYPE
 ) -> Call:
     """The call a run of the recipe makes to ``op`` on ``stack``: ``dtype`` inputs on its GPU (its CPU without
-    one), with each op's own facts as the serving layer and the model hand them over."""
+    one), with the op's own facts as its record says the serving layer and the model hand them over
+    (``OpSpec.recipe``)."""
     device = "cuda" if stack.has_gpu else "cpu"
-    details: dict[str, object] = {}
-    if op == ATTENTION:
-        details = {Fact.ATTN_IMPLEMENTATION: attn_implementation}
-    elif op == LOSS:
-        details = {Fact.FUSED: liger_enabled}
-    elif op == GDN_DECODE_STEP:  # vLLM keeps the SSM state in fp32 (``mamba_ssm_cache_dtype: auto``), rows of V
-        details = {Fact.STATE_DTYPE: torch.float32, Fact.STATE_ROWS_CONTIGUOUS: True}
-    elif op == GDN_PREFILL_IN_SLOTS:
-        details = {Fact.STATE_DTYPE: torch.float32}
-    elif op == GATED_NORM:  # no gradient (inference), the gate as wide as the values
-        details = {Fact.GRAD: False, Fact.SAME_GATE: True}
-    elif op == CONV_IN_SLOTS:  # Zebra's 4-wide conv in vLLM's default conv-state layout
-        details = {Fact.WIDTH: 4, Fact.CONV_STATE_DIM_FIRST: False, Fact.VLLM_CPU_PLATFORM: not stack.has_gpu}
-    return Call.on(device, dtype, **details)
+    facts = OP_SPECS[op].recipe(Recipe(stack, attn_implementation, liger_enabled))
+    return Call.on(device, dtype, **facts)
 
 
 def resolve(
@@ -175,10 +144,10 @@ def resolve(
     return Resolution(phase, stack, tuple(choices), tuple(problems))
 
 
-def _choice(op: str, selection: Selection, attn_implementation: str, attention_note: str) -> Choice:
+def _choice(op: Op, selection: Selection, attn_implementation: str, attention_note: str) -> Choice:
     kernel = selection.kernel
     label, reason = kernel.label, selection.reason
-    if op == ATTENTION:
+    if op == Op.ATTENTION:
         if kernel.family == Family.FLASH_ATTN:
             label, reason = "FlashAttention-2 varlen", f"flash_attn: fa2, {reason}".rstrip(", ")
         else:

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..attention_policy import SDPA
-from ..kernel_names import Fact, Family, Op
-from .registry import TRITON_INTERPRET_ENV_VAR, Key
+from ..kernel_names import Fact, Family, Key, Op
+from .registry import TRITON_INTERPRET_ENV_VAR
 
 AUTO = "auto"
 

@@ -36,7 +36,7 @@ chosen in one place (:func:`mla_attention_function`):
   kernel :func:`expanded_attention_kernel` picks: :func:`eager_attention_forward` (this file, the plain
   reference), transformers' registered function for ``sdpa`` or any other registered name, FlashAttention
   through ``flash_attention.py`` (transformers' FA core without a transformers 5.6.0 bug), and for packed
-  rows the kernel registry's ``attention`` op (``kernels.packed_attention_kernel``): FlashAttention's
+  rows the kernel registry's ``attention`` op (``kernels.packed_attention``): FlashAttention's
   varlen path, or :func:`flex_sdpa_attention` / :func:`per_segment_sdpa_attention`, which read the samples'
   borders instead of a ``T x T`` mask. Under sequence parallelism the kernel is wrapped by
   ``parallel.attention.ulysses_attention``.
@@ -60,7 +60,7 @@ from transformers.utils import logging
 
 from ..attention_policy import EAGER, FLASH_ATTENTION_BACKENDS
 from ..configuration_zebra import MLA_NORM_LORA, MLA_NORM_QK_HEAD, ZebraConfig
-from ..kernels import packed_attention_function
+from ..kernels import Key, Op, bind, packed_attention_function
 from ..ops.packed_attention import flex_packed_attention, per_segment_sdpa
 from ..parallel.attention import ulysses_attention
 from ..parallel.context import SequenceParallelContext
@@ -165,6 +165,15 @@ def _per_segment(query, key, value, cu_seqlens, scale, dropout):
 # Packed rows through ``flex_attention`` with a block mask, or as one causal sdpa call per sample.
 flex_sdpa_attention = _on_the_borders(_flex_without_dropout)
 per_segment_sdpa_attention = _on_the_borders(_per_segment)
+# The attention op's entries that have a function (the dense mask runs the model's own attention function).
+bind(
+    Op.ATTENTION,
+    {
+        Key.FLASH_VARLEN: flash_attention_forward,
+        Key.FLEX_BLOCK_MASK: flex_sdpa_attention,
+        Key.SDPA_PER_SEGMENT: per_segment_sdpa_attention,
+    },
+)
 
 
 class ZebraMLA(nn.Module):

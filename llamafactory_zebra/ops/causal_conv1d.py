@@ -2,8 +2,8 @@
 
 ``torch.nn.functional.conv1d`` neither resets at packed-sample borders nor carries a decode state, and
 fla's ``causal_conv1d`` needs a GPU; this is the PyTorch path with fla's contract, and fla's kernel where
-the kernel registry (``kernels/registry.py``, op ``conv``) chooses it: its entries name the function for whole
-sequences (entry point ``sequence``) and for decode steps (``step``).
+the kernel registry (``kernels/registry.py``, op ``conv``) chooses it: this module binds each entry's function
+for whole sequences (entry point ``sequence``) and for decode steps (``step``), at its end.
 
 State layout (fla's ``fla.modules.causal_conv1d`` / formerly ``fla.modules.convolution``): a
 ``[N, D, W]`` tensor holding the last ``W`` inputs of each sequence, oldest first, newest at
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels import CONV, Call, run
+from ..kernels import Call, EntryPoint, Key, Op, bind, run
 from .backend import fla_function
 from .recompute import recomputed
 from .segments import check_cu_seqlens_layout, segment_bounds
@@ -79,7 +79,7 @@ def causal_conv1d(
         )
 
     return run(
-        CONV,
+        Op.CONV,
         Call.of(x),
         x,
         weight,
@@ -88,7 +88,7 @@ def causal_conv1d(
         initial_state,
         output_final_state,
         cu_seqlens,
-        entry_point="sequence",
+        entry_point=EntryPoint.SEQUENCE,
     )
 
 
@@ -198,7 +198,7 @@ def causal_conv1d_update(
         got = tuple(conv_state.shape) if isinstance(conv_state, torch.Tensor) else type(conv_state).__name__
         raise ValueError(f"conv_state must have shape [N, D, W] = {expected}, got {got}.")
 
-    return run(CONV, Call.of(x), x, conv_state, weight, bias, activation, entry_point="step")
+    return run(Op.CONV, Call.of(x), x, conv_state, weight, bias, activation, entry_point=EntryPoint.STEP)
 
 
 def _causal_conv1d_update_fla(x, conv_state, weight, bias, activation):
@@ -266,3 +266,7 @@ def _check_conv_cache(conv_cache: torch.Tensor, x: torch.Tensor, weight: torch.T
     if not isinstance(conv_cache, torch.Tensor) or conv_cache.ndim != 3 or tuple(conv_cache.shape[1:]) != expected:
         got = tuple(conv_cache.shape) if isinstance(conv_cache, torch.Tensor) else type(conv_cache).__name__
         raise ValueError(f"conv_cache must have shape [slots, D, W - 1] with D, W - 1 = {expected}, got {got}.")
+
+
+bind(Op.CONV, {Key.FLA: _causal_conv1d_fla, Key.TORCH: _causal_conv1d_torch}, EntryPoint.SEQUENCE)
+bind(Op.CONV, {Key.FLA: _causal_conv1d_update_fla, Key.TORCH: _causal_conv1d_update_torch}, EntryPoint.STEP)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels import GATED_NORM, Call, run
+from ..kernels import Call, Key, Op, bind, run
+from .cpu.gated_rms_norm import cpu_gated_rms_norm
 from .recompute import recomputed
 
 
@@ -23,7 +24,7 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     is the registry's choice for this call (``kernels/registry.py``: the C++ pass for CPU inference)."""
     grad = torch.is_grad_enabled() and (x.requires_grad or gate.requires_grad or weight.requires_grad)
     call = Call.of(x, grad=grad, same_gate=gate.dtype == x.dtype and gate.shape == x.shape)
-    return run(GATED_NORM, call, x, gate, weight, eps)
+    return run(Op.GATED_NORM, call, x, gate, weight, eps)
 
 
 def gated_rms_norm_reference(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -39,3 +40,6 @@ def _gated_rms_norm_formula(x: torch.Tensor, gate: torch.Tensor, weight: torch.T
     hidden = hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + eps)
     hidden = weight.to(compute_dtype) * hidden * F.silu(gate.to(compute_dtype))
     return hidden.to(x.dtype)
+
+
+bind(Op.GATED_NORM, {Key.CPP: cpu_gated_rms_norm, Key.TORCH: gated_rms_norm_reference})

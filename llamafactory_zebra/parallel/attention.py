@@ -8,7 +8,7 @@ of the whole rows and hands them to the core attention in the form it reads:
 
 - FlashAttention-2/3 and sdpa: the borders themselves over all ``B * T`` tokens of the whole rows, no
   mask (``packing.flash_varlen_kwargs``); sdpa reads them through ``layers/mla.py``'s packed-row functions,
-  which the layer hands in as ``core_attention`` (``kernels.packed_attention_kernel``);
+  which the layer hands in as ``core_attention`` (``kernels.packed_attention``);
 - eager: the ``[B, 1, T, T]`` block-diagonal causal mask (quadratic: CPU and short rows only).
 
 RoPE has already been applied on each rank with the shard's global positions. Key/value heads that do
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..attention_policy import SEQUENCE_PARALLEL_ATTENTION
-from ..kernels import BORDER_KERNELS, packed_attention_kernel
+from ..kernels import packed_attention
 from ..packing import block_causal_mask, flash_varlen_kwargs
 from .collectives import all_to_all
 
@@ -53,7 +53,7 @@ def ulysses_attention(
             f"parallelism; use one of {', '.join(SEQUENCE_PARALLEL_ATTENTION)}"
         )
     group, size = context.layout.group, context.layout.size
-    borders = packed_attention_kernel(attn_implementation, context.global_runs.device.type) in BORDER_KERNELS
+    borders = packed_attention(attn_implementation, context.global_runs.device.type).reads_borders
     varlen = flash_varlen_kwargs(context.global_runs) if borders else {}
 
     def attend(module, query, key, value, attention_mask, **kwargs):

@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 
 from ..attention_policy import FLASH_ATTENTION_2, PLANNER_ATTENTION, SDPA
 from ..configuration_zebra import GDN, MLA, ZebraConfig
-from ..kernels.registry import FLA, TORCH
-from ..loss import CHUNKED, LIGER, LOGITS
+from ..kernel_names import Family, Key
 
 FP32 = 4
 # fla's and this package's chunked delta rule both cut sequences into 64-token chunks.
@@ -38,8 +37,8 @@ GDN_CHUNK = 64
 TORCH_CE_CHUNK = 1024
 
 # The kernel families whose saved tensors the planner models (the registry's names).
-GDN_BACKENDS = (FLA, TORCH)
-LOSS_BACKENDS = (LIGER, CHUNKED, LOGITS)
+GDN_BACKENDS = (Family.FLA, Family.TORCH)
+LOSS_BACKENDS = (Key.LIGER, Key.CHUNKED, Key.LOGITS)
 
 
 @dataclass(frozen=True)
@@ -47,8 +46,8 @@ class Kernels:
     """Which implementation runs each op whose saved tensors differ between implementations."""
 
     attention: str = FLASH_ATTENTION_2
-    gdn: str = FLA
-    loss: str = LIGER
+    gdn: str = Family.FLA
+    loss: str = Key.LIGER
 
     def __post_init__(self) -> None:
         for name, value, allowed in (
@@ -152,7 +151,7 @@ def _gdn_saved(d: _Dims, k: Kernels) -> dict[str, float]:
     a, H, Kt, Vt = d.a, d.gdn_heads, d.key_dim, d.value_dim
     channels = 2 * Kt + Vt
     gates = a * d.h + a * H + 2 * FP32 * H  # input; sigmoid(beta); softplus input and output (fp32)
-    if k.gdn == FLA:
+    if k.gdn == Family.FLA:
         convolutions = a * channels  # fla's conv saves its input
         # normalised q and k, their rstd, v, the chunk-local cumsum of g and the in-chunk matrix A
         delta_rule = 2 * a * Kt + 2 * FP32 * H + a * Vt + FP32 * H + a * H * GDN_CHUNK
@@ -192,7 +191,7 @@ def _backward_peak(d: _Dims, k: Kernels, layer_type: str, saved: dict[str, float
     else:
         upstream -= saved["gated norm"]
         Kt, Vt, H = d.key_dim, d.value_dim, d.gdn_heads
-        if k.gdn == FLA:
+        if k.gdn == Family.FLA:
             scratch = 2 * a * H * d.dk * d.dv / GDN_CHUNK + a * (2 * Kt + 4 * Vt) + FP32 * (3 * Kt + H)
         else:
             # the gradients, and the in-chunk intermediates recomputed from the saved chunked inputs
@@ -250,9 +249,9 @@ def loss_memory(config: ZebraConfig, tokens: int, act_bytes: int, kernels: Kerne
     """
     d = _dims(config, act_bytes)
     a, h, V = d.a, d.h, d.vocab
-    if kernels.loss == LOGITS:
+    if kernels.loss == Key.LOGITS:
         return LossMemory(saved=FP32 * V * tokens, peak_extra=2 * FP32 * V * tokens)
-    if kernels.loss == LIGER:
+    if kernels.loss == Key.LIGER:
         chunk = min(tokens, liger_chunk_tokens(tokens, h, V))
         return LossMemory(saved=a * h * tokens + a * V * h, peak_extra=a * chunk * V + a * V * h)
     chunk = min(tokens, TORCH_CE_CHUNK)

@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from ..attention_policy import FLASH_ATTENTION_2, SDPA
 from ..configuration_zebra import ZebraConfig
 from ..hparams import check_sequence_parallel_size
-from ..kernels import Key, packed_attention_kernel
-from ..kernels.registry import FLA
-from ..loss import LIGER, LOGITS
+from ..kernels import Family, Key, packed_attention
 from .activations import ActivationEstimate, Kernels, activation_estimate, inference_cache_bytes, loss_memory
 from .hardware import usable_bytes
 from .model_states import ModelStates, Sharding, model_state_bytes
@@ -80,7 +78,8 @@ class TrainingSetup:
     @property
     def kernels(self) -> Kernels:
         """What runs on the GPU: fla for GDN; the attention LLaMA-Factory's ``flash_attn`` picks; the loss."""
-        return Kernels(attention=self.attention, gdn=FLA, loss=LIGER if self.fused_cross_entropy else LOGITS)
+        loss = Key.LIGER if self.fused_cross_entropy else Key.LOGITS
+        return Kernels(attention=self.attention, gdn=Family.FLA, loss=loss)
 
     def trainable_params(self) -> int:
         c = self.config
@@ -101,7 +100,7 @@ class MemoryPlan:
     states: ModelStates
     activations: ActivationEstimate
     packing_mask: float
-    """Packing on a dense-mask kernel (``kernels.packed_attention_kernel``; for sdpa only when
+    """Packing on a dense-mask kernel (``kernels.packed_attention``; for sdpa only when
     ``ZEBRA_PACKED_SDPA=dense_mask``): the ``[B, 1, T, T]`` boolean block-diagonal mask the model builds."""
     unfused_logits_peak: float
     fused_logits_peak: float
@@ -142,7 +141,7 @@ def make_plan(setup: TrainingSetup) -> MemoryPlan:
         setup.config, tokens, setup.act_bytes, kernels, setup.gradient_checkpointing, setup.checkpoints_on_cpu
     )
     # The planner models a GPU: there packed sdpa rows run flex_attention on their borders, no mask.
-    dense_mask = packed_attention_kernel(setup.attention, "cuda") == Key.DENSE_MASK
+    dense_mask = packed_attention(setup.attention, "cuda").needs_mask
     mask = setup.micro_batch * setup.cutoff_len**2 if setup.packing and dense_mask else 0
 
     def logits_peak(loss: str) -> float:
@@ -156,8 +155,8 @@ def make_plan(setup: TrainingSetup) -> MemoryPlan:
         states=states,
         activations=activations,
         packing_mask=float(mask),
-        unfused_logits_peak=logits_peak(LOGITS),
-        fused_logits_peak=logits_peak(LIGER),
+        unfused_logits_peak=logits_peak(Key.LOGITS),
+        fused_logits_peak=logits_peak(Key.LIGER),
         inference_cache=inference_cache_bytes(setup.config, setup.cutoff_len, act_bytes=setup.act_bytes),
     )
 
@@ -213,7 +212,7 @@ CHANGES: tuple[Change, ...] = (
     Change(
         "flash_attn: fa2 (packed batches then need no T×T mask)",
         _when(
-            lambda s: s.packing and packed_attention_kernel(s.attention, "cuda") == Key.DENSE_MASK,
+            lambda s: s.packing and packed_attention(s.attention, "cuda").needs_mask,
             attention=FLASH_ATTENTION_2,
         ),
     ),

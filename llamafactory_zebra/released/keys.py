@@ -3,16 +3,25 @@
 AMD's files do not say which RMSNorms the MLA layers carry; the key names do (``detect_mla_norm``).
 transformers only warns about missing or unexpected weights; a Zebra checkpoint whose keys do not
 match the architecture is always a mistake (wrong layer plan, wrong model), so ``verify_keys`` rejects
-it with the offending names.
+it with the offending names, and ``check_loaded_weights`` does the same for what ``from_pretrained`` loaded.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
+from torch.nn import Module
 
 from ..configuration_zebra import MLA_NORM_LORA, MLA_NORM_QK_HEAD, MLA_NORMS, ZebraConfig
+
+# What to do about a missing weight that has one usual cause (``check_loaded_weights``).
+MISSING_KEY_FIXES = {
+    "lm_head.weight": "A Zebra's lm_head is untied (tie_word_embeddings: false) and is not initialised at random: "
+    "save the checkpoint with its lm_head.weight — for a source whose embeddings were tied, a copy of "
+    "model.embed_tokens.weight, as `llamafactory-zebra convert` writes it",
+}
 
 
 def safetensors_files(path: str | Path) -> list[Path]:
@@ -96,3 +105,23 @@ def verify_keys(found: set[str], expected: set[str], where: str) -> None:
             )
         lines.append("  check that hybrid_config.json's mla_layers and dimensions belong to these weights")
         raise ValueError("\n".join(lines))
+
+
+def check_loaded_weights(path: object, model: Module, info: Mapping[str, object]) -> None:
+    """Refuse weights that do not match the layer plan, from transformers' loading ``info``: a missing key (which
+    transformers would initialise at random) or an unexpected one under the model's own modules (a layer the plan
+    lacks). A key outside them belongs to a wrapper that saved into the same file (trl's value head) and is left to
+    transformers, which reports it. The message names the keys and, where there is one, the fix."""
+    own_modules = {name.split(".", 1)[0] for name in model.state_dict()}
+    problems = {
+        "missing_keys": sorted(info.get("missing_keys") or ()),
+        "unexpected_keys": sorted(
+            key for key in info.get("unexpected_keys") or () if key.split(".", 1)[0] in own_modules
+        ),
+    }
+    if any(problems.values()):
+        details = "; ".join(
+            f"{kind} ({len(keys)}): {', '.join(map(str, keys[:8]))}" for kind, keys in problems.items() if keys
+        )
+        fixes = "".join(f". {MISSING_KEY_FIXES[key]}" for key in problems["missing_keys"] if key in MISSING_KEY_FIXES)
+        raise ValueError(f"{path}: weights do not match the Zebra config: {details}{fixes}")

@@ -14,7 +14,12 @@ from llamafactory_zebra.data.converters import (
     split_chatqa_prompt,
 )
 from llamafactory_zebra.data.registry import registry_dataset_info
-from llamafactory_zebra.data.validation import DROP_REASON_COLUMN, DropRow, GuardedConverter
+from llamafactory_zebra.data.validation import (
+    DROP_REASON_COLUMN,
+    DropRow,
+    GuardedConverter,
+    collecting_drop_reasons,
+)
 
 pytestmark = pytest.mark.usefixtures("dataset_seams")
 
@@ -32,13 +37,17 @@ def _attr(name: str) -> DatasetAttr:
     return attr
 
 
-def _convert(name: str, row: dict) -> dict:
+def _converter(name: str) -> GuardedConverter:
     attr = _attr(name)
-    return get_dataset_converter(attr.formatting, attr, DataArguments())(row)
+    return get_dataset_converter(attr.formatting, attr, DataArguments())
+
+
+def _convert(name: str, row: dict) -> dict:
+    return _converter(name)(row)
 
 
 def _reason(name: str, row: dict) -> str:
-    return _convert(name, row)[DROP_REASON_COLUMN]
+    return _converter(name).reason(row)
 
 
 def test_thinking_format_is_the_qwen3_templates_thought_words():
@@ -80,10 +89,11 @@ def test_chatqa_framing_is_split(question, system, user):
 
 
 def test_chatqa2_converter_uses_the_first_nonempty_answer():
-    out = _convert("chatqa2_narrativeqa_131k_sample", {"question": "User: c\n\nq\n\nAssistant:", "answer": [" ", "B"]})
+    row = {"question": "User: c\n\nq\n\nAssistant:", "answer": [" ", "B"]}
+    out = _convert("chatqa2_narrativeqa_131k_sample", row)
     assert out["_prompt"] == [{"role": "user", "content": "c\n\nq"}]
     assert out["_response"] == [{"role": "assistant", "content": "B"}]
-    assert out[DROP_REASON_COLUMN] == ""
+    assert _reason("chatqa2_narrativeqa_131k_sample", row) == ""
 
 
 @pytest.mark.parametrize(
@@ -213,9 +223,10 @@ def test_a_dataset_that_starts_with_many_bad_rows_still_aligns():
 
     rows = [{"problem": "p", "generated_solution": ""}] * 1000 + [{"problem": "1+1?", "generated_solution": "2"}] * 3
     data_args = DataArguments(template="qwen3", overwrite_cache=True)
-    aligned = align_dataset(
-        Dataset.from_list(rows), _attr("openmathinstruct2_sample"), data_args, Seq2SeqTrainingArguments("unused")
-    )
+    with collecting_drop_reasons():  # as the loader seam loads it
+        aligned = align_dataset(
+            Dataset.from_list(rows), _attr("openmathinstruct2_sample"), data_args, Seq2SeqTrainingArguments("unused")
+        )
     assert aligned[1000]["_prompt"] == [{"role": "user", "content": "1+1?"}]
     assert sum(1 for reason in aligned[DROP_REASON_COLUMN] if reason) == 1000
 
@@ -229,11 +240,11 @@ def test_openai_formatting_rows_are_type_checked_then_left_to_llamafactory():
     attr = DatasetAttr("file", dataset_name="chat.jsonl")
     attr.join({"formatting": "openai", "columns": {"messages": "messages"}, "tags": _ROLE_CONTENT_TAGS})
     converter = get_dataset_converter("openai", attr, DataArguments())
-    ok = converter({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})
-    assert ok[DROP_REASON_COLUMN] == "" and ok["_response"] == [{"role": "assistant", "content": "a"}]
-    assert converter({"messages": None})[DROP_REASON_COLUMN] == "missing value: messages column 'messages' is null"
-    assert converter({"messages": [{"content": "q"}]})[DROP_REASON_COLUMN] == "missing value: message 0 has no 'role'"
-    assert converter({"messages": [{"role": "assistant", "content": "a"}]})[DROP_REASON_COLUMN] == (
+    good = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    assert converter.reason(good) == "" and converter(good)["_response"] == [{"role": "assistant", "content": "a"}]
+    assert converter.reason({"messages": None}) == "missing value: messages column 'messages' is null"
+    assert converter.reason({"messages": [{"content": "q"}]}) == "missing value: message 0 has no 'role'"
+    assert converter.reason({"messages": [{"role": "assistant", "content": "a"}]}) == (
         "broken role order: LLaMA-Factory's openai converter: it gave 0 prompt turn(s) and 0 response(s); "
         "supervised fine-tuning (stage sft) needs an odd number of prompt turns and exactly 1 response(s)"
     )

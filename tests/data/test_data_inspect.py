@@ -19,7 +19,7 @@ from repo_paths import FIXTURES
 from llamafactory_zebra.cli.main import main
 from llamafactory_zebra.data.inspection import inspect_training_data, load_train_arguments, mixture_order
 from llamafactory_zebra.data.report_arithmetic import count_packs, length_summary, map_batches
-from llamafactory_zebra.hparams.training_steps import optimizer_steps_per_epoch
+from llamafactory_zebra.hparams.optimizer_steps import optimizer_steps_per_epoch
 from llamafactory_zebra.testing.tokenizer import build_tiny_tokenizer
 
 DATASETS = FIXTURES / "datasets"

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from llamafactory_zebra.distill.kd_loss import full_logits_kd_loss_sums, kd_loss_sums
-from llamafactory_zebra.kernels import DISTILLATION_LOSS, Call, this_machine
+from llamafactory_zebra.kernels import Call, Key, Op, this_machine
 from llamafactory_zebra.kernels import select as select_kernel
-from llamafactory_zebra.loss import IGNORE_INDEX, LIGER, shifted_targets
+from llamafactory_zebra.loss import IGNORE_INDEX, shifted_targets
 
 
 def sft_batch(dtype, batch=2, length=37, hidden=16, teacher_hidden=24, vocab=101, seed=0):
@@ -77,7 +77,7 @@ def test_kd_rejects_mismatched_vocabularies():
 
 
 @pytest.mark.skipif(
-    select_kernel(DISTILLATION_LOSS, Call.on("cuda"), this_machine()).kernel.key != LIGER,
+    select_kernel(Op.DISTILLATION_LOSS, Call.on("cuda"), this_machine()).kernel.key != Key.LIGER,
     reason="Liger's Triton kernels need a CUDA/ROCm GPU and liger-kernel",
 )
 @pytest.mark.parametrize("reverse", [False, True])

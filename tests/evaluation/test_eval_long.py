@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from llamafactory_zebra import ZebraConfig, ZebraForCausalLM
-from llamafactory_zebra.cli.eval_long_cmd import check_lengths, parse_lengths
+from llamafactory_zebra.cli.eval_long_run_cmd import check_lengths, parse_lengths
 from llamafactory_zebra.cli.main import main
 from llamafactory_zebra.evaluation.haystack import HaystackTooShort, file_haystack, noise_haystack
 from llamafactory_zebra.evaluation.prefill import chunked_packed_logits, chunked_prefill

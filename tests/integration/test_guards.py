@@ -13,7 +13,7 @@ from repo_paths import REPO
 from training_runs import training_run
 
 from llamafactory_zebra.configuration_zebra import ZebraConfig
-from llamafactory_zebra.integration.guards import MIN_WARMUP_STEPS, check_training_setup, training_steps
+from llamafactory_zebra.integration.guards import MIN_WARMUP_STEPS, check_training_setup, optimizer_steps
 
 ZEBRA = ZebraConfig.from_preset("tiny")
 
@@ -124,7 +124,7 @@ def test_step_count_is_the_trainers(tmp_path, examples, batch, accumulation, epo
     )
     _, _, _, _, _, _, max_steps = Trainer.set_initial_training_values(trainer, training_args, loader)
     assert (
-        training_steps(training_args, examples)
+        optimizer_steps(training_args, examples)
         == max_steps
         == math.ceil(epochs * math.ceil(math.ceil(examples / batch) / accumulation))
     )

@@ -31,24 +31,16 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from llamafactory_zebra.kernels import (
-    ATTENTION,
-    BORDER_KERNELS,
-    CONV,
-    DISTILLATION_LOSS,
     FAKE_STACK_ENV_VAR,
-    GATED_NORM,
-    GDN_CHUNK,
-    GDN_DECODE_STEP,
-    GDN_PREFILL_IN_SLOTS,
-    GDN_RECURRENT,
     KERNELS,
-    LOSS,
+    EntryPoint,
+    Key,
+    Op,
     Stack,
     decider,
     resolve,
     this_machine,
 )
-from llamafactory_zebra.kernels.registry import RUN
 from llamafactory_zebra.ops import backend
 from llamafactory_zebra.ops.gated_delta_rule import dispatch, in_slots
 from llamafactory_zebra.testing.models import tiny_model
@@ -82,15 +74,15 @@ MACHINES = {
     ),
 }
 PHASE_OF = {
-    GDN_CHUNK: dict(training=True),
-    CONV: dict(training=True),
-    LOSS: dict(training=True),
-    DISTILLATION_LOSS: dict(training=True),
-    GDN_RECURRENT: dict(training=False),
-    ATTENTION: dict(training=False),
-    GDN_PREFILL_IN_SLOTS: dict(training=False, serving=True),
-    GDN_DECODE_STEP: dict(training=False, serving=True),
-    GATED_NORM: dict(training=False, serving=True),
+    Op.GDN_CHUNK: dict(training=True),
+    Op.CONV: dict(training=True),
+    Op.LOSS: dict(training=True),
+    Op.DISTILLATION_LOSS: dict(training=True),
+    Op.GDN_RECURRENT: dict(training=False),
+    Op.ATTENTION: dict(training=False),
+    Op.GDN_PREFILL_IN_SLOTS: dict(training=False, serving=True),
+    Op.GDN_DECODE_STEP: dict(training=False, serving=True),
+    Op.GATED_NORM: dict(training=False, serving=True),
 }
 
 
@@ -123,13 +115,13 @@ def doctor_row(stack: Stack, op: str, **settings) -> str:
     return resolve(stack, **PHASE_OF[op], **settings).choice(op).key
 
 
-def spies(monkeypatch, op: str, call_through: bool, fake_output, entry_point: str = RUN) -> list[str]:
+def spies(monkeypatch, op: Op, call_through: bool, fake_output, entry_point: EntryPoint = EntryPoint.RUN) -> list[str]:
     """Record the key of every entry of ``op`` the registry runs at ``entry_point`` (``decider.implementation``,
     which ``run`` asks for the chosen entry's function)."""
     called: list[str] = []
     implementation = decider.implementation
 
-    def spied(kernel, point=RUN):
+    def spied(kernel, point=EntryPoint.RUN):
         function = implementation(kernel, point)
         if kernel.op != op or point != entry_point:
             return function
@@ -187,28 +179,29 @@ def _gdn_fake_output(q, k, v, g, beta, **options):
 
 
 def test_gdn_chunk(machine, monkeypatch):
-    called = spies(monkeypatch, GDN_CHUNK, not machine.has_gpu, _gdn_fake_output)
+    called = spies(monkeypatch, Op.GDN_CHUNK, not machine.has_gpu, _gdn_fake_output)
 
     def run(device):
         dispatch.chunk_gated_delta_rule(*_gdn_inputs(device), output_final_state=True)
         return called
 
-    assert on_the_machine(machine, run) == [doctor_row(machine, GDN_CHUNK)]
+    assert on_the_machine(machine, run) == [doctor_row(machine, Op.GDN_CHUNK)]
 
 
 def test_gdn_recurrent(machine, monkeypatch):
-    called = spies(monkeypatch, GDN_RECURRENT, not machine.has_gpu, _gdn_fake_output)
+    called = spies(monkeypatch, Op.GDN_RECURRENT, not machine.has_gpu, _gdn_fake_output)
 
     def run(device):
         dispatch.fused_recurrent_gated_delta_rule(*_gdn_inputs(device, tokens=1), output_final_state=True)
         return called
 
-    assert on_the_machine(machine, run) == [doctor_row(machine, GDN_RECURRENT)]
+    assert on_the_machine(machine, run) == [doctor_row(machine, Op.GDN_RECURRENT)]
 
 
 def test_conv_over_sequences_and_decode_steps(machine, monkeypatch):
-    sequence = spies(monkeypatch, CONV, not machine.has_gpu, lambda x, *a: (x, None), entry_point="sequence")
-    step = spies(monkeypatch, CONV, not machine.has_gpu, lambda x, state, *a: (x, state), entry_point="step")
+    real = not machine.has_gpu
+    sequence = spies(monkeypatch, Op.CONV, real, lambda x, *a: (x, None), entry_point=EntryPoint.SEQUENCE)
+    step = spies(monkeypatch, Op.CONV, real, lambda x, state, *a: (x, state), entry_point=EntryPoint.STEP)
 
     def run(device):
         x, weight = torch.randn(1, 9, 8, device=device), torch.randn(8, 4, device=device)
@@ -216,7 +209,7 @@ def test_conv_over_sequences_and_decode_steps(machine, monkeypatch):
         conv_module.causal_conv1d_update(x[:, 0], torch.zeros(1, 8, 4, device=device), weight)
         return sequence, step
 
-    assert on_the_machine(machine, run) == ([doctor_row(machine, CONV)], [doctor_row(machine, CONV)])
+    assert on_the_machine(machine, run) == ([doctor_row(machine, Op.CONV)], [doctor_row(machine, Op.CONV)])
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
@@ -228,9 +221,9 @@ def test_packed_attention(machine, implementation):
 
     model = tiny_model(dtype=torch.float32, attn_implementation=implementation)
     layer = next(layer.mla for layer in model.model.layers if hasattr(layer, "mla"))
-    key = doctor_row(machine, ATTENTION, attn_implementation=implementation)
-    kernel = next(k for k in KERNELS if k.op == ATTENTION and k.key == key)
-    expected = kernel.function() if kernel.code else None
+    key = doctor_row(machine, Op.ATTENTION, attn_implementation=implementation)
+    kernel = next(k for k in KERNELS if k.op == Op.ATTENTION and k.key == key)
+    expected = decider.implementation(kernel) if kernel.has_function else None
     if expected is None:  # the dense mask: the model's own attention function reads it
         expected = (
             mla.eager_attention_forward if implementation == "eager" else ALL_ATTENTION_FUNCTIONS[implementation]
@@ -238,10 +231,10 @@ def test_packed_attention(machine, implementation):
 
     def run(device):
         query = torch.empty(1, 4, 8, 32, device=device)
-        borders = decider.packed_attention_kernel(implementation, query.device.type) in BORDER_KERNELS
+        borders = decider.packed_attention(implementation, query.device.type).reads_borders
         return mla.expanded_attention_kernel(layer, True, query) is expected, borders
 
-    assert on_the_machine(machine, run) == (True, key in BORDER_KERNELS)
+    assert on_the_machine(machine, run) == (True, key != Key.DENSE_MASK)
 
 
 def test_flash_attention_with_flash_attn_installed(monkeypatch):
@@ -250,7 +243,7 @@ def test_flash_attention_with_flash_attn_installed(monkeypatch):
 
     stack = dataclasses.replace(MACHINES["h200 triton 3.7.1 fla"], versions={"flash-attn": "2.8.3"})
     monkeypatch.setenv(FAKE_STACK_ENV_VAR, _as_json(stack))
-    row = resolve(stack, training=True, attn_implementation="flash_attention_2").choice(ATTENTION)
+    row = resolve(stack, training=True, attn_implementation="flash_attention_2").choice(Op.ATTENTION)
     model = tiny_model(attn_implementation="sdpa")
     model.config._attn_implementation = "flash_attention_2"  # flash-attn itself is not installed here
     layer = next(layer.mla for layer in model.model.layers if hasattr(layer, "mla"))
@@ -266,7 +259,7 @@ def test_fused_loss(machine, monkeypatch):
     """The model's training loss (``enable_liger_kernel``): ``loss.py`` runs the registry's choice at the forward."""
     from llamafactory_zebra import loss
 
-    called = spies(monkeypatch, LOSS, False, lambda hidden, *a, **k: hidden.float().sum())
+    called = spies(monkeypatch, Op.LOSS, False, lambda hidden, *a, **k: hidden.float().sum())
     model = tiny_model(dtype=torch.float32)
     predicted = model.enable_fused_cross_entropy("auto")
 
@@ -277,13 +270,13 @@ def test_fused_loss(machine, monkeypatch):
         loss.fused_causal_lm_loss(hidden, weight, labels)
         return called
 
-    assert on_the_machine(machine, run) == [doctor_row(machine, LOSS)] == [predicted]
+    assert on_the_machine(machine, run) == [doctor_row(machine, Op.LOSS)] == [predicted]
 
 
 def test_distillation_loss(machine, monkeypatch):
     from llamafactory_zebra.distill import kd_loss
 
-    called = spies(monkeypatch, DISTILLATION_LOSS, False, lambda *a, **k: (None, None, None))
+    called = spies(monkeypatch, Op.DISTILLATION_LOSS, False, lambda *a, **k: (None, None, None))
 
     def run(device):
         hidden, weight = torch.randn(6, 8, device=device), torch.randn(11, 8, device=device)
@@ -291,7 +284,7 @@ def test_distillation_loss(machine, monkeypatch):
         kd_loss.kd_loss_sums(hidden, weight, hidden, weight, targets)
         return called
 
-    assert on_the_machine(machine, run) == [doctor_row(machine, DISTILLATION_LOSS)]
+    assert on_the_machine(machine, run) == [doctor_row(machine, Op.DISTILLATION_LOSS)]
 
 
 # The slot numbers and prompt borders: real CPU tensors on every machine, as the ops read them on the host
@@ -312,7 +305,7 @@ def _slot_inputs(device: str, tokens: int, dtype: torch.dtype):
 def test_serving_prefill_in_slots(machine, monkeypatch):
     called = spies(
         monkeypatch,
-        GDN_PREFILL_IN_SLOTS,
+        Op.GDN_PREFILL_IN_SLOTS,
         not machine.has_gpu,
         lambda q, k, v, *a, **kw: torch.empty_like(v),
     )
@@ -322,13 +315,13 @@ def test_serving_prefill_in_slots(machine, monkeypatch):
         in_slots.chunk_gated_delta_rule_in_slots(q, k, v, g, beta, state, SLOTS, BORDERS, FRESH)
         return called
 
-    assert on_the_machine(machine, run) == [doctor_row(machine, GDN_PREFILL_IN_SLOTS)]
+    assert on_the_machine(machine, run) == [doctor_row(machine, Op.GDN_PREFILL_IN_SLOTS)]
 
 
 def test_serving_decode_step(machine, monkeypatch):
     called = spies(
         monkeypatch,
-        GDN_DECODE_STEP,
+        Op.GDN_DECODE_STEP,
         not machine.has_gpu,
         lambda q, k, v, *a, **kw: torch.empty_like(v),
     )
@@ -338,15 +331,15 @@ def test_serving_decode_step(machine, monkeypatch):
         in_slots.fused_recurrent_gated_delta_rule_in_slots(q[0], k[0], v[0], g[0], beta[0], state, SLOTS)
         return called
 
-    assert on_the_machine(machine, run) == [doctor_row(machine, GDN_DECODE_STEP)]
+    assert on_the_machine(machine, run) == [doctor_row(machine, Op.GDN_DECODE_STEP)]
 
 
 def test_gated_rms_norm(machine, monkeypatch):
-    called = spies(monkeypatch, GATED_NORM, not machine.has_gpu, lambda x, *a: torch.empty_like(x))
+    called = spies(monkeypatch, Op.GATED_NORM, not machine.has_gpu, lambda x, *a: torch.empty_like(x))
 
     def run(device):
         x = torch.randn(3, 2, 8, device=device).to(torch.bfloat16)
         gated_norm_module.gated_rms_norm(x, x.clone(), torch.ones(8, device=device), 1e-6)
         return called
 
-    assert on_the_machine(machine, run) == [doctor_row(machine, GATED_NORM)]
+    assert on_the_machine(machine, run) == [doctor_row(machine, Op.GATED_NORM)]

@@ -339,12 +339,12 @@ def test_inference_entry_points_get_the_wrapped_parser_and_log_without_stopping(
 
 def _fla_that_does_not_import_on_a_gpu_tensor(device: str) -> tuple[list[str], str, str, bool]:
     """Two calls on a (faked) GPU tensor, doctor's row after them, and a call on a CPU tensor."""
-    from llamafactory_zebra.kernels import GDN_CHUNK, Call, run
+    from llamafactory_zebra.kernels import Call, Op, run
     from llamafactory_zebra.ops.backend import first_fla_module
 
     def fla_or_none(tensor):
         """What an op does: fla where the registry chose it, else its PyTorch path (None here)."""
-        return run(GDN_CHUNK, Call.of(tensor))
+        return run(Op.GDN_CHUNK, Call.of(tensor))
 
     def fla_or_nothing(kernel, point):
         return (lambda: first_fla_module(("fla.ops.gated_delta_rule",))) if kernel.key == "fla" else (lambda: None)

@@ -12,7 +12,7 @@ from test_ops_gated_delta_rule import (
     run,
 )
 
-from llamafactory_zebra.kernels import GDN_CHUNK, Call, select
+from llamafactory_zebra.kernels import Call, Op, decider, select
 from llamafactory_zebra.kernels.switches import TORCH_CHUNK_ENV_VAR
 from llamafactory_zebra.ops import BACKEND_ENV_VAR
 from llamafactory_zebra.ops.gated_delta_rule import (
@@ -129,7 +129,7 @@ def test_compiled_matches_reference_in_fp64():
 
 def test_choice_follows_the_device_and_the_env_var(monkeypatch):
     def chosen(device_type: str):
-        return select(GDN_CHUNK, Call.on(device_type)).kernel.function()
+        return decider.implementation(select(Op.GDN_CHUNK, Call.on(device_type)).kernel)
 
     monkeypatch.setenv(BACKEND_ENV_VAR, "torch")
     monkeypatch.delenv(TORCH_CHUNK_ENV_VAR, raising=False)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import llamafactory_zebra.ops.cpu.build as cpu_build
-from llamafactory_zebra.kernels import GDN_DECODE_STEP, Call, KernelLoadError, decider, select
+from llamafactory_zebra.kernels import Call, KernelLoadError, Op, decider, select
 from llamafactory_zebra.kernels.switches import CPU_KERNELS_ENV_VAR
 from llamafactory_zebra.ops import (
     cpu_kernels,
@@ -75,7 +75,7 @@ def kernel_calls(monkeypatch):
 
     def counting(kernel, point):
         function = implementation(kernel, point)
-        if kernel.op != GDN_DECODE_STEP or kernel.key != "cpp":
+        if kernel.op != Op.GDN_DECODE_STEP or kernel.key != "cpp":
             return function
         return lambda *args, **kwargs: calls.append(1) or function(*args, **kwargs)
 
@@ -164,7 +164,7 @@ def test_a_failed_build_keeps_the_pytorch_step_with_a_warning(monkeypatch, caplo
         )
         torch.testing.assert_close(o.double(), expected_o, rtol=1e-5, atol=1e-5)
         assert (
-            select(GDN_DECODE_STEP, Call.of(q, state_dtype=cache.dtype, state_rows_contiguous=True)).kernel.key
+            select(Op.GDN_DECODE_STEP, Call.of(q, state_dtype=cache.dtype, state_rows_contiguous=True)).kernel.key
             == "torch"
         )
     finally:

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from llamafactory_zebra.kernels import GDN_PREFILL_IN_SLOTS, Call, decider, select
+from llamafactory_zebra.kernels import Call, Op, decider, select
 from llamafactory_zebra.kernels.switches import CPU_KERNELS_ENV_VAR
 from llamafactory_zebra.ops import (
     causal_conv1d_in_slots,
@@ -265,7 +265,8 @@ def test_prefill_on_this_cpu_runs_what_the_registry_names(monkeypatch, case, dty
     fresh = torch.tensor([False, False])
     chunk_gated_delta_rule_in_slots(*(t.to(dtype) for t in inputs), cache, torch.tensor([0, 1]), cu_seqlens, fresh)
     assert calls == [expected]
-    assert select(GDN_PREFILL_IN_SLOTS, Call.of(inputs[0].to(dtype), state_dtype=state_dtype)).kernel.key == expected
+    call = Call.of(inputs[0].to(dtype), state_dtype=state_dtype)
+    assert select(Op.GDN_PREFILL_IN_SLOTS, call).kernel.key == expected
 
 
 def test_prefill_refuses_other_operand_dtypes():
@@ -350,5 +351,5 @@ def test_bf16_operands_only_where_the_cpu_has_bf16_dot_products(features, compil
     stack = dataclasses.replace(this_machine(), cpu_features=features, compiler=compiler, faked=True)
     bf16_call = Call.on("cpu", torch.bfloat16, state_dtype=torch.float32)
     fp32_call = Call.on("cpu", torch.float32, state_dtype=torch.float32)
-    assert select(GDN_PREFILL_IN_SLOTS, bf16_call, stack).kernel.key == expected
-    assert select(GDN_PREFILL_IN_SLOTS, fp32_call, stack).kernel.key == ("cpp" if compiler else "torch")
+    assert select(Op.GDN_PREFILL_IN_SLOTS, bf16_call, stack).kernel.key == expected
+    assert select(Op.GDN_PREFILL_IN_SLOTS, fp32_call, stack).kernel.key == ("cpp" if compiler else "torch")

@@ -12,9 +12,10 @@ import warnings
 import pytest
 import torch
 
-from llamafactory_zebra import modeling_zebra
-from llamafactory_zebra.kernels import Key, packed_attention_kernel
+from llamafactory_zebra import kernels
+from llamafactory_zebra.kernels import Key
 from llamafactory_zebra.kernels.switches import PACKED_SDPA_ENV_VAR
+from llamafactory_zebra.layers import mixer_inputs
 from llamafactory_zebra.layers.mla import ZebraMLA
 from llamafactory_zebra.modeling_zebra import ZebraRotaryEmbedding
 from llamafactory_zebra.ops import packed_attention
@@ -120,15 +121,15 @@ def test_flex_attention_forward_equals_the_dense_mask(segments):
 
 
 def test_the_policy_picks_the_kernel_by_device_and_lets_the_user_force_one(monkeypatch):
-    assert packed_attention_kernel("sdpa", "cpu") == Key.SDPA_PER_SEGMENT
-    assert packed_attention_kernel("sdpa", "cuda") == Key.FLEX_BLOCK_MASK
-    assert packed_attention_kernel("eager", "cuda") == Key.DENSE_MASK
+    assert kernels.packed_attention("sdpa", "cpu").key == Key.SDPA_PER_SEGMENT
+    assert kernels.packed_attention("sdpa", "cuda").key == Key.FLEX_BLOCK_MASK
+    assert kernels.packed_attention("eager", "cuda").key == Key.DENSE_MASK
     monkeypatch.setenv(PACKED_SDPA_ENV_VAR, "dense_mask")
-    assert packed_attention_kernel("sdpa", "cuda") == Key.DENSE_MASK
-    assert packed_attention_kernel("flash_attention_2", "cuda") == "flash_varlen"
+    assert kernels.packed_attention("sdpa", "cuda").key == Key.DENSE_MASK
+    assert kernels.packed_attention("flash_attention_2", "cuda").key == Key.FLASH_VARLEN
     monkeypatch.setenv(PACKED_SDPA_ENV_VAR, "blocky")
     with pytest.raises(ValueError, match="ZEBRA_PACKED_SDPA='blocky' is not valid; use one of auto, flex"):
-        packed_attention_kernel("sdpa", "cpu")
+        kernels.packed_attention("sdpa", "cpu")
 
 
 def _mla_outputs(layer, hidden, cos, sin, upstream, **inputs):
@@ -190,7 +191,7 @@ def test_tiny_model_on_borders_equals_the_dense_mask_and_builds_no_mask(monkeypa
 
     calls = []
     original = packed_attention.per_segment_sdpa
-    monkeypatch.setattr(modeling_zebra, "block_causal_mask", _no_dense_mask)
+    monkeypatch.setattr(mixer_inputs, "block_causal_mask", _no_dense_mask)
     monkeypatch.setattr(
         "llamafactory_zebra.layers.mla.per_segment_sdpa", lambda *a, **k: calls.append(1) or original(*a, **k)
     )

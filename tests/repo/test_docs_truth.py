@@ -3,8 +3,8 @@
 Cheap checks, like the seam-table test: the README's layout block names every subpackage and
 top-level module of ``llamafactory_zebra/``, every repository path the docs quote exists, and every name
 of this package the docs quote in backticks exists (``ZebraMLA.expand``, ``released.checkpoint_layout(path)``,
-``packed_attention_kernel(...)``); the package's docstrings and comments are held to the same paths and to
-the dotted names they quote (``kernels.packed_attention_kernel``). Each failure lists exactly what is
+``packed_attention(...)``); the package's docstrings and comments are held to the same paths and to
+the dotted names they quote (``kernels.packed_attention``). Each failure lists exactly what is
 missing, so a moved, renamed or new module or function is a one-line docs fix.
 """
 
@@ -270,6 +270,39 @@ def test_readme_layout_names_every_subpackage_and_top_level_module_and_nothing_e
     assert not stale, f"README.md's layout block names what the package no longer has: {', '.join(stale)}"
 
 
+def layout_entry(layout: str, folder: str) -> str:
+    """The layout block's entry for ``folder/``: its line and the indented lines that continue it."""
+    lines = layout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"  {folder}/"))
+    entry = [lines[start]]
+    for line in lines[start + 1 :]:
+        if not line.startswith("   "):
+            break
+        entry.append(line)
+    return "\n".join(entry)
+
+
+# The folders whose layout entry lists their modules one by one: the list holds every module.
+ENUMERATED_FOLDERS = ("kernels", "layers")
+
+
+def test_readme_layout_lists_every_module_of_the_folders_it_enumerates_and_every_command():
+    """The entries that enumerate a folder's modules name all of them, and the ``cli/`` entry names every top-level
+    command (aliases aside) and each group's subcommands, so a new module or command cannot leave the block
+    quietly behind."""
+    from llamafactory_zebra.cli.commands import SUBCOMMANDS
+
+    layout = layout_block((REPO / "README.md").read_text(encoding="utf-8"))
+    for folder in ENUMERATED_FOLDERS:
+        modules = {path.name for path in (PACKAGE / folder).glob("*.py") if path.name != "__init__.py"}
+        listed = set(re.findall(r"[\w]+\.py", layout_entry(layout, folder)))
+        assert modules <= listed, f"README.md's {folder}/ entry does not name: {', '.join(sorted(modules - listed))}"
+    commands = set(re.findall(r"[a-z][\w-]*", layout_entry(layout, "cli").split("llamafactory-zebra", 1)[1]))
+    wanted = {name for name, command in SUBCOMMANDS.items() if not command.help.startswith("alias of")}
+    wanted |= {sub for command in SUBCOMMANDS.values() for sub in command.subcommands}
+    assert wanted <= commands, f"README.md's cli/ entry does not name: {', '.join(sorted(wanted - commands))}"
+
+
 def test_every_quoted_repository_path_exists():
     missing = missing_paths(_documents(), REPO)
     assert not missing, "paths quoted in the docs that do not exist:\n" + "\n".join(missing)
@@ -294,12 +327,12 @@ def test_every_path_and_dotted_name_the_package_quotes_exists():
 
 def test_a_renamed_function_method_or_module_is_reported():
     """The name check on edited lines: a renamed method, module-level function, bare call and module."""
-    good = "`ZebraMLA.expand`, `released.checkpoint_layout(path)`, `packed_attention_kernel(name, device)`"
+    good = "`ZebraMLA.expand`, `released.checkpoint_layout(path)`, `packed_attention(name, device)`"
     assert missing_names({"a.md": good}) == []
     renamed = {
         "ZebraMLA.expand": "ZebraMLA.expand_latents",
         "released.checkpoint_layout": "released.layout_of",
-        "packed_attention_kernel": "packed_kernel",
+        "packed_attention": "packed_kernel",
     }
     for old, new in renamed.items():
         assert missing_names({"a.md": good.replace(old, new)}) == [f"a.md:1: {new}"]

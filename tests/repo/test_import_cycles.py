@@ -81,7 +81,7 @@ FLOORS = [
     {"kernels"},
     {"ops", "loss"},
     {"parallel"},
-    {"layers"},
+    {"layers", "cache_zebra"},
     {"released"},
     {"modeling_zebra"},
     {"", "inventory"},

@@ -3,10 +3,12 @@
 
 The convention, the same for every kernel: ``<kernel>.cpp`` holds the C++ (bound in ``bindings.cpp``, sharing
 ``cpu_values.h``), and ``<kernel>.py`` its wrapper, one function that takes the arguments of its op's PyTorch
-path, lays the tensors out as the kernel reads them and calls :func:`cpu_kernels`. An op's implementation
-table maps its ``cpp`` entry to that function like any other entry; which entry runs is the kernel
-registry's choice (``kernels/registry.py``). Nothing else calls the extension's functions (the vLLM layer
-calls :func:`cpu_kernels` as it loads, so the build happens then and not mid-request).
+path (the prefill's also ``bf16_operands``, which the op's binding fixes per entry), lays the tensors out as the
+kernel reads them and calls :func:`cpu_kernels`. The module that runs the op binds that function to its ``cpp``
+entries like any other entry's (``kernels.bind``: ``ops/gated_delta_rule/in_slots.py``,
+``ops/gated_rms_norm.py``); which entry runs is the kernel registry's choice (``kernels/registry.py``). Only the
+wrappers call the extension's functions; :func:`cpu_kernels` itself is also called by the vLLM layer as it loads
+(so the build happens then and not mid-request) and by ``llamafactory-zebra build-kernels``.
 """
 
 from .build import cpu_kernels

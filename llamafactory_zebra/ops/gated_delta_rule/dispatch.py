@@ -2,11 +2,10 @@
 
 Every implementation shares fla's contract, so a layer calls one function and never cares where it
 runs. Which one runs for a call is the kernel registry's choice (``kernels/registry.py``, ops ``GDN
-chunk`` and ``GDN recurrent``), made at each call from the inputs; each entry there names its function (fla's
-adapters and the compiled formulation are defined here, the PyTorch paths in their modules). fla is always
-called with keyword
-arguments: its positional order differs between releases (e.g. 0.6 put ``gk`` after ``g`` in the fused
-recurrent op).
+chunk`` and ``GDN recurrent``), made at each call from the inputs; this module binds each entry's function
+(``kernels.bind``, at the end: fla's adapters and the compiled formulation are defined here, the PyTorch paths in
+their modules). fla is always called with keyword arguments: its positional order differs between releases (e.g.
+0.6 put ``gk`` after ``g`` in the fused recurrent op).
 """
 
 from __future__ import annotations
@@ -16,10 +15,12 @@ from collections.abc import Callable
 
 import torch
 
-from ...kernels import GDN_CHUNK, GDN_RECURRENT, Call, run
+from ...kernels import Call, Key, Op, bind, run
 from ..backend import fla_function
 from .checks import check_gdn_inputs
+from .chunk import chunk_gated_delta_rule_torch
 from .chunk_parallel import chunk_gated_delta_rule_parallel
+from .fused_recurrent import fused_recurrent_gated_delta_rule_torch
 
 _FLA_GDN = "fla.ops.gated_delta_rule"
 
@@ -36,7 +37,6 @@ def _fla(name: str) -> Callable:
     return call
 
 
-# Functions the registry's entries name (``kernels/registry.py``).
 fla_chunk_gated_delta_rule = _fla("chunk_gated_delta_rule")
 fla_fused_recurrent_gated_delta_rule = _fla("fused_recurrent_gated_delta_rule")
 chunk_gated_delta_rule_parallel_compiled = functools.partial(chunk_gated_delta_rule_parallel, compile=True)
@@ -74,7 +74,7 @@ def chunk_gated_delta_rule(
         and this signature's orders part ways.
     """
     return _dispatch(
-        GDN_CHUNK,
+        Op.GDN_CHUNK,
         (q, k, v, g, beta),
         scale=scale,
         initial_state=initial_state,
@@ -102,7 +102,7 @@ def fused_recurrent_gated_delta_rule(
     fla's kernel has no backward; the PyTorch path is differentiable.
     """
     return _dispatch(
-        GDN_RECURRENT,
+        Op.GDN_RECURRENT,
         (q, k, v, g, beta),
         scale=scale,
         initial_state=initial_state,
@@ -117,3 +117,18 @@ def _dispatch(op, inputs, *, cu_seqlens, **options):
     q, k, v, g, beta = inputs
     check_gdn_inputs(q, k, v, g, beta, options["initial_state"], cu_seqlens)
     return run(op, Call.of(q), q, k, v, g, beta, cu_seqlens=cu_seqlens, **options)
+
+
+bind(
+    Op.GDN_CHUNK,
+    {
+        Key.FLA: fla_chunk_gated_delta_rule,
+        Key.TORCH_PARALLEL_COMPILED: chunk_gated_delta_rule_parallel_compiled,
+        Key.TORCH_PARALLEL: chunk_gated_delta_rule_parallel,
+        Key.TORCH_CHUNK: chunk_gated_delta_rule_torch,
+    },
+)
+bind(
+    Op.GDN_RECURRENT,
+    {Key.FLA: fla_fused_recurrent_gated_delta_rule, Key.TORCH: fused_recurrent_gated_delta_rule_torch},
+)

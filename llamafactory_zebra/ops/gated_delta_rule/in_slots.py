@@ -39,9 +39,9 @@ import functools
 
 import torch
 
-from ...kernels import GDN_DECODE_STEP, GDN_PREFILL_IN_SLOTS, Call, run
+from ...kernels import Call, FixedCall, Key, Op, bind, run
 from ..backend import fla_function
-from ..cpu import cpu_prefill_in_slots
+from ..cpu import cpu_prefill_in_slots, cpu_step_in_slots
 from .checks import check_gdn_inputs, compute_dtype, l2norm
 from .chunk_prefill import chunk_gated_delta_rule_prefill
 from .dispatch import _FLA_GDN
@@ -83,6 +83,7 @@ def fused_recurrent_gated_delta_rule_in_slots(
     scale: float | None = None,
     *,
     use_qk_l2norm_in_kernel: bool = False,
+    chosen: FixedCall | None = None,
 ) -> torch.Tensor:
     """Advance sequence ``i``'s state ``state[state_indices[i]]`` by its one token, in place.
 
@@ -95,6 +96,8 @@ def fused_recurrent_gated_delta_rule_in_slots(
         state_indices: ``[N]`` distinct slot numbers.
         scale: multiplies q; defaults to ``K ** -0.5``.
         use_qk_l2norm_in_kernel: L2-normalise q and k first (as the other gated-delta-rule entry points).
+        chosen: the kernel a serving layer chose once for its fixed call (``kernels.fixed_call`` of
+            :func:`decode_step_call`); ``None``: the registry chooses at this call.
 
     Returns:
         ``o`` ``[N, H, V]`` in q's dtype. The step is computed in fp32 (fp64 for fp64 inputs); a slot of
@@ -102,9 +105,18 @@ def fused_recurrent_gated_delta_rule_in_slots(
     """
     _check_step_inputs(q, k, v, g, beta, state, state_indices)
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    call = Call.of(q, state_dtype=state.dtype, state_rows_contiguous=state.stride(-1) == 1)
     arguments = (q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm_in_kernel)
-    return run(GDN_DECODE_STEP, call, *arguments)
+    if chosen is not None:
+        return chosen(*arguments)
+    return run(Op.GDN_DECODE_STEP, decode_step_call(q.device.type, q.dtype, state), *arguments)
+
+
+def decode_step_call(device_type: str, dtype: torch.dtype, state: torch.Tensor | torch.dtype) -> Call:
+    """The ``GDN decode step`` call for ``dtype`` inputs on ``state`` (a tensor, or the dtype of a state whose
+    rows are contiguous in V, as a serving layer knows it before its cache exists)."""
+    if isinstance(state, torch.dtype):
+        return Call.on(device_type, dtype, state_dtype=state, state_rows_contiguous=True)
+    return Call.on(device_type, dtype, state_dtype=state.dtype, state_rows_contiguous=state.stride(-1) == 1)
 
 
 def _step_fla(q, k, v, g, beta, state, state_indices, scale, use_qk_l2norm_in_kernel) -> torch.Tensor:
@@ -165,6 +177,7 @@ def chunk_gated_delta_rule_in_slots(
     scale: float | None = None,
     *,
     use_qk_l2norm_in_kernel: bool = False,
+    chosen: FixedCall | None = None,
 ) -> torch.Tensor:
     """Run segment ``i`` of a packed prompt chunk from slot ``state_indices[i]`` and store its final state there.
 
@@ -177,6 +190,7 @@ def chunk_gated_delta_rule_in_slots(
         cu_seqlens: ``[N + 1]`` segment borders over T; no state crosses a border.
         has_initial_state: ``[N]`` bool; a segment without one starts from zeros (its slot is not read).
         scale, use_qk_l2norm_in_kernel: as :func:`~llamafactory_zebra.ops.chunk_gated_delta_rule`.
+        chosen: as :func:`fused_recurrent_gated_delta_rule_in_slots`'s (of :func:`prefill_call`).
 
     Returns ``o`` ``[1, T, H, V]`` in q's dtype.
     """
@@ -190,9 +204,16 @@ def chunk_gated_delta_rule_in_slots(
             f"has_initial_state must be a bool tensor of shape [N] = [{num_seqs}] (one per cu_seqlens segment), "
             f"got {has_initial_state.dtype} {tuple(has_initial_state.shape)}."
         )
-    call = Call.of(q, state_dtype=state.dtype)
     arguments = (q, k, v, g, beta, state, state_indices, cu_seqlens, has_initial_state, scale)
-    return run(GDN_PREFILL_IN_SLOTS, call, *arguments, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+    if chosen is not None:
+        return chosen(*arguments, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+    call = prefill_call(q.device.type, q.dtype, state.dtype)
+    return run(Op.GDN_PREFILL_IN_SLOTS, call, *arguments, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+
+
+def prefill_call(device_type: str, dtype: torch.dtype, state_dtype: torch.dtype) -> Call:
+    """The ``GDN prefill in slots`` call for ``dtype`` inputs on a ``state_dtype`` state."""
+    return Call.on(device_type, dtype, state_dtype=state_dtype)
 
 
 def _prefill_fla(
@@ -220,7 +241,15 @@ def _prefill_fla(
     return o
 
 
-# Functions the registry's prefill entries name (``kernels/registry.py``): the prefill with its GEMM operands bound.
-prefill_cpp_bf16_gemm = functools.partial(cpu_prefill_in_slots, bf16_operands=True)
-prefill_cpp = functools.partial(cpu_prefill_in_slots, bf16_operands=False)
-prefill_torch_bf16_gemm = functools.partial(chunk_gated_delta_rule_prefill, matmul_dtype=torch.bfloat16)
+bind(Op.GDN_DECODE_STEP, {Key.FLA: _step_fla, Key.CPP: cpu_step_in_slots, Key.TORCH: _step_torch})
+bind(
+    Op.GDN_PREFILL_IN_SLOTS,
+    {
+        Key.FLA: _prefill_fla,
+        # The prefill with its GEMM operands' dtype fixed.
+        Key.CPP_BF16_GEMM: functools.partial(cpu_prefill_in_slots, bf16_operands=True),
+        Key.CPP: functools.partial(cpu_prefill_in_slots, bf16_operands=False),
+        Key.TORCH_BF16_GEMM: functools.partial(chunk_gated_delta_rule_prefill, matmul_dtype=torch.bfloat16),
+        Key.TORCH: chunk_gated_delta_rule_prefill,
+    },
+)

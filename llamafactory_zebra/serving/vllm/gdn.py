@@ -11,13 +11,14 @@ value head (Zebra: 256 vs 512), rejects head 256 and runs bf16 only; its GPU pat
 runs this project's slot-indexed ops on the requests' state slots: the gates (``ops.gdn_gates``, the
 training layer's formula), the conv (``ops.causal_conv1d_in_slots`` / ``causal_conv1d_update_in_slots``)
 and the recurrence (``ops.chunk_gated_delta_rule_in_slots`` for prompt chunks,
-``ops.fused_recurrent_gated_delta_rule_in_slots`` for decode tokens). Each op asks the kernel registry
-(``kernels/registry.py``) at each call: fla on a GPU, the package's C++ kernels or PyTorch on a CPU; this
-module only reads vLLM's metadata and slot layout. The conv is the registry's ``conv in slots`` op, run
-the same way (its entries name this module's functions for decode tokens and prompt chunks):
-vLLM's own C++ causal conv, a vLLM kernel ``ops/`` cannot import, where it fits (:func:`conv_in_slots_call`),
-else the project's conv op. Each request is its own segment (``cu_seqlens`` from the metadata), so batched
-requests never share a window or a state.
+``ops.fused_recurrent_gated_delta_rule_in_slots`` for decode tokens). The layer binds its ops once, when it is
+built, as vLLM's own layers bind their kernels: the facts of their calls (dtype, state dtype and layout, platform)
+are fixed per layer, so it asks the kernel registry (``kernels/registry.py``) once per op (``kernels.fixed_call``):
+fla on a GPU, the package's C++ kernels or PyTorch on a CPU; this module only reads vLLM's metadata and slot
+layout. The conv is the registry's ``conv in slots`` op (this module binds its entries' functions for decode
+tokens and prompt chunks): vLLM's own C++ causal conv, a vLLM kernel ``ops/`` cannot import, where it fits
+(:func:`conv_in_slots_call`), else the project's conv op. Each request is its own segment (``cu_seqlens`` from the
+metadata), so batched requests never share a window or a state.
 
 Zebra keeps separate ``q_conv1d``/``k_conv1d``/``v_conv1d`` weights; being depthwise, they are one
 convolution over the concatenated channels, loaded into one ``conv1d`` parameter (as vLLM's OLMo
@@ -45,16 +46,17 @@ from vllm.platforms import current_platform
 from vllm.utils.torch_utils import direct_register_custom_op
 
 from ...configuration_zebra import ZebraConfig
-from ...kernel_names import Family
-from ...kernels import CONV_IN_SLOTS, GDN_DECODE_STEP, Call, KernelLoadError, run, select
+from ...kernels import Call, EntryPoint, Family, KernelLoadError, Key, Op, bind, fixed_call
 from ...ops import (
     causal_conv1d_in_slots,
+    causal_conv1d_update_in_slots,
     chunk_gated_delta_rule_in_slots,
     cpu_kernels,
     fused_recurrent_gated_delta_rule_in_slots,
     gated_rms_norm,
     gdn_gates,
 )
+from ...ops.gated_delta_rule.in_slots import decode_step_call, prefill_call
 
 # vLLM's packed parameters and the checkpoint modules stacked into them, in shard order (the layer's
 # ``output_sizes``): part of the model's ``packed_modules_mapping`` (loader and LoRA).
@@ -109,12 +111,12 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         self.value_dim = self.num_heads * self.head_v_dim
         self.conv_kernel_size = config.gdn_conv_size
         self.activation = "silu"
-        dtype = vllm_config.model_config.dtype
-        self.conv_call = conv_in_slots_call(dtype, self.conv_kernel_size)
-        step_call = Call.on(
-            current_platform.device_type, dtype, state_dtype=self.state_dtypes[1], state_rows_contiguous=True
-        )
-        if select(GDN_DECODE_STEP, step_call).kernel.family == Family.CPP:
+        dtype, device_type = vllm_config.model_config.dtype, current_platform.device_type
+        # The layer's ops, chosen once: their calls' facts are fixed per layer.
+        self.conv = fixed_call(Op.CONV_IN_SLOTS, conv_in_slots_call(dtype, self.conv_kernel_size))
+        self.decode_step = fixed_call(Op.GDN_DECODE_STEP, decode_step_call(device_type, dtype, self.state_dtypes[1]))
+        self.prefill = fixed_call(Op.GDN_PREFILL_IN_SLOTS, prefill_call(device_type, dtype, self.state_dtypes[1]))
+        if self.decode_step.kernel.family == Family.CPP:
             try:
                 cpu_kernels()  # build (or load the cached build of) the C++ CPU kernels at load, not mid-request
             except KernelLoadError:
@@ -217,10 +219,10 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
     def _decode(self, mixed, g, beta, slots, out) -> None:
         """One token per request: the conv windows and the SSM states advance in their slots."""
         conv_cache, ssm_cache = self._state_slots()
-        conv_out = run(CONV_IN_SLOTS, self.conv_call, mixed, self.conv1d.weight, conv_cache, slots, entry_point="step")
+        conv_out = self.conv(mixed, self.conv1d.weight, conv_cache, slots, entry_point=EntryPoint.STEP)
         q, k, v = self._split_heads(conv_out)
         output = fused_recurrent_gated_delta_rule_in_slots(
-            q, k, v, g, beta, ssm_cache, slots, use_qk_l2norm_in_kernel=True
+            q, k, v, g, beta, ssm_cache, slots, use_qk_l2norm_in_kernel=True, chosen=self.decode_step
         )
         out.copy_(output.reshape(out.shape))
 
@@ -229,10 +231,20 @@ class ZebraGatedDeltaNet(GatedDeltaNetAttention):
         request's first chunk); final states go back to the slots."""
         conv_cache, ssm_cache = self._state_slots()
         arguments = (mixed, self.conv1d.weight, conv_cache, slots, starts, ~fresh)
-        conv_out = run(CONV_IN_SLOTS, self.conv_call, *arguments, entry_point="prefill")
+        conv_out = self.conv(*arguments, entry_point=EntryPoint.PREFILL)
         q, k, v = self._split_heads(conv_out)
         output = chunk_gated_delta_rule_in_slots(
-            q, k, v, g[None], beta[None], ssm_cache, slots, starts, ~fresh, use_qk_l2norm_in_kernel=True
+            q,
+            k,
+            v,
+            g[None],
+            beta[None],
+            ssm_cache,
+            slots,
+            starts,
+            ~fresh,
+            use_qk_l2norm_in_kernel=True,
+            chosen=self.prefill,
         )
         out.copy_(output.reshape(out.shape))
 
@@ -291,6 +303,10 @@ def _vllm_conv_prefill(mixed, weight, conv_cache, slots, starts, initial) -> tor
 
 def _conv_op_prefill(mixed, weight, conv_cache, slots, starts, initial) -> torch.Tensor:
     return causal_conv1d_in_slots(mixed[None], weight, conv_cache, slots, starts, initial)
+
+
+bind(Op.CONV_IN_SLOTS, {Key.VLLM_CPP: _vllm_conv_step, Key.CONV_OP: causal_conv1d_update_in_slots}, EntryPoint.STEP)
+bind(Op.CONV_IN_SLOTS, {Key.VLLM_CPP: _vllm_conv_prefill, Key.CONV_OP: _conv_op_prefill}, EntryPoint.PREFILL)
 
 
 def zebra_gdn_core(mixed: torch.Tensor, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:

@@ -8,7 +8,7 @@ from accelerate.data_loader import prepare_data_loader
 from torch.utils.data import DataLoader
 from transformers import Trainer
 
-from llamafactory_zebra.hparams.training_steps import (
+from llamafactory_zebra.hparams.optimizer_steps import (
     batches_per_rank,
     optimizer_steps_per_epoch,
     total_optimizer_steps,

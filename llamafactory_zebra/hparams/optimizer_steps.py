@@ -2,7 +2,7 @@
 
 Two tools need this number before training starts: the warmup guard (a ``warmup_ratio`` that rounds
 to zero steps) and ``data inspect``'s report. Neither transformers nor accelerate exposes it without
-building the dataloader, so it is written out once here and ``tests/hparams/test_training_steps.py`` checks
+building the dataloader, so it is written out once here and ``tests/hparams/test_optimizer_steps.py`` checks
 it against accelerate's ``prepare_data_loader`` and the Trainer's ``set_initial_training_values``.
 """
 
