@@ -12,7 +12,7 @@ allocator, scheduler and block tables (chunked prefill and prefix caching stay v
   one-head ``FullAttentionSpec`` without values (:func:`latent_cache_spec`, the one place the row's bytes are
   counted: the layer's spec and the backend's ``customize_spec``, through which vLLM's hybrid block
   alignment sizes blocks so that one GDN state page is one latent block);
-- decode tokens attend absorbed (``ops.latent_attention.latent_decode``: the query moved into latent space,
+- decode tokens attend absorbed (the registry's ``MLA latent decode``: the query moved into latent space,
   the scale applied to the scores, ``W_UV`` after), prompt tokens, chunked or behind a prefix hit, attend to
   the request's whole cached context expanded one key block at a time (``latent_prefill``); new rows are
   written first, so both read the cache only.
@@ -42,19 +42,8 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 from vllm.v1.kv_cache_interface import AttentionSpec, FullAttentionSpec
 
-from ...ops.latent_attention import latent_decode, latent_prefill
-
-
-def decode_function(device_type: str):
-    """The absorbed decode a layer binds once: the Triton split-K kernel on a CUDA/ROCm GPU with Triton (checked
-    against the reference under ``TRITON_INTERPRET=1`` only, never run on a GPU here), else the PyTorch one."""
-    from vllm.triton_utils import HAS_TRITON
-
-    if device_type == "cuda" and HAS_TRITON:
-        from ...ops.latent_attention.triton_decode import latent_decode_triton
-
-        return latent_decode_triton
-    return latent_decode
+from ...kernels import Call, Op, fixed_call
+from ...ops.latent_attention import latent_prefill
 
 
 def latent_cache_spec(spec: AttentionSpec, row: int) -> FullAttentionSpec:
@@ -159,7 +148,8 @@ class ZebraLatentCache(nn.Module, AttentionLayerBase):
         self.prefix = prefix
         self.num_heads = owner.num_heads
         self.kv_cache = torch.tensor([])
-        self.decode = decode_function(current_platform.device_type)
+        # The absorbed decode, chosen once (kernel registry: Triton on a GPU, PyTorch elsewhere).
+        self.decode = fixed_call(Op.LATENT_DECODE, Call.on(current_platform.device_type, dtype))
         object.__setattr__(self, "owner", owner)  # not a submodule: the owner holds this layer
         compilation_config = get_current_vllm_config().compilation_config
         if prefix in compilation_config.static_forward_context:

@@ -85,7 +85,7 @@ def rotary_embedding(config: ZebraConfig):
 class ZebraMLAAttention(nn.Module):
     def __init__(self, config: ZebraConfig, vllm_config: VllmConfig, prefix: str) -> None:
         super().__init__()
-        cache_config, quant_config = vllm_config.cache_config, vllm_config.quant_config
+        quant_config = vllm_config.quant_config
         self.layout = cache_layout(vllm_config)[0]
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -148,24 +148,24 @@ class ZebraMLAAttention(nn.Module):
         self.rotary_emb = rotary_embedding(config)
         self.scales_offset = self.kv_lora_rank + self.rope_dim if self.mla_norm == MLA_NORM_QK_HEAD else None
         self.head_size = expanded_head_size(config)
+        self.attn = self._attention(config, vllm_config, prefix)
+
+    def _attention(self, config: ZebraConfig, vllm_config: VllmConfig, prefix: str) -> nn.Module:
+        """The layer that caches and attends: the latent cache layer, or vLLM's paged ``Attention`` (expanded)."""
+        scale = mla_softmax_scale(config)
         if self.layout == LATENT:
-            self.attn = ZebraLatentCache(
-                self,
-                config.mla_cache_channels,
-                mla_softmax_scale(config),
-                vllm_config.model_config.dtype,
-                prefix=f"{prefix}.attn",
+            return ZebraLatentCache(
+                self, config.mla_cache_channels, scale, vllm_config.model_config.dtype, prefix=f"{prefix}.attn"
             )
-        else:
-            self.attn = Attention(
-                self.num_heads,
-                self.head_size,
-                mla_softmax_scale(config),
-                num_kv_heads=self.num_kv_heads,
-                cache_config=cache_config,
-                quant_config=quant_config,
-                prefix=f"{prefix}.attn",
-            )
+        return Attention(
+            self.num_heads,
+            self.head_size,
+            scale,
+            num_kv_heads=self.num_kv_heads,
+            cache_config=vllm_config.cache_config,
+            quant_config=vllm_config.quant_config,
+            prefix=f"{prefix}.attn",
+        )
 
     def queries(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[T, heads, qk_head_dim]`` before RoPE."""
