@@ -143,9 +143,18 @@ def stop(server: subprocess.Popen) -> None:
             server.wait()
 
 
-def serve_and_bench(names: list[str], models: dict[str, Path], lengths: list[int], compiled: bool, args, work: Path):
-    """Start ``vllm serve`` for each of ``names`` at once, warm each up, then run ``vllm bench serve``
-    ``args.repeats`` times per length, the models in turn within each repeat; results by model and length.
+def serve_and_bench(
+    names: list[str],
+    models: dict[str, Path],
+    lengths: list[int],
+    compiled: bool,
+    args,
+    work: Path,
+    environments: dict[str, dict[str, str]] | None = None,
+):
+    """Start ``vllm serve`` for each of ``names`` at once (``environments``: extra variables per name), warm each
+    up, then run ``vllm bench serve`` ``args.repeats`` times per length, the models in turn within each repeat;
+    results by model and length.
 
     One name at a time is the plain comparison; several (``--interleave``) put each repeat's runs of the models
     minutes apart rather than a whole model's runs apart, so load from other work shifts both sides alike."""
@@ -165,8 +174,9 @@ def serve_and_bench(names: list[str], models: dict[str, Path], lengths: list[int
             log_path = work / f"{name}-{mode}-server.log"
             print(f"[{name} {mode}] {' '.join(command)}", flush=True)
             with log_path.open("w") as log:
+                env = {**os.environ, **(environments or {}).get(name, {})}
                 server = subprocess.Popen(
-                    command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=work
+                    command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=work, env=env
                 )
             servers[name] = (server, port, log_path)
             wait_healthy(port, server, args.start_timeout)
@@ -197,11 +207,14 @@ CAPACITY_LINE = re.compile(
 )
 
 
-def capacity(name: str, model_dir: Path, tokens: int, args, work: Path) -> tuple[int, float]:
-    """The cache size (tokens) and maximum concurrency vLLM reports for ``tokens``-token requests."""
+def capacity(
+    name: str, model_dir: Path, tokens: int, args, work: Path, extra: tuple[str, ...] = ()
+) -> tuple[int, float]:
+    """The cache size (tokens) and maximum concurrency vLLM reports for ``tokens``-token requests (``extra``: more
+    ``vllm serve`` options)."""
     port = free_port()
     command = [str(VLLM), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--enforce-eager"]
-    command += ["--dtype", args.dtype, "--max-model-len", str(tokens), "--served-model-name", name]
+    command += ["--dtype", args.dtype, "--max-model-len", str(tokens), "--served-model-name", name, *extra]
     log_path = work / f"{name}-capacity-server.log"
     with log_path.open("w") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=work)

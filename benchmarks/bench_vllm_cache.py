@@ -1,8 +1,9 @@
 """Cache bytes vLLM allocates for Zebra (released 7 MLA + 21 GDN) vs Qwen3-1.7B, from vLLM's own spec objects.
 
-Per token: the paged attention layers (``FullAttentionSpec`` / ``MLAAttentionSpec`` page bytes divided by
-the block size). Per sequence: the GDN layers' fixed state (``MambaSpec`` page bytes, with the shapes of
-vLLM's ``MambaStateShapeCalculator`` as ``llamafactory_zebra.serving.vllm.gdn`` uses them). Then the longest
+Per token: the paged attention layers (the latent layout's spec, ``serving/vllm/latent_mla.py``, and the
+expanded layout's ``FullAttentionSpec``: page bytes divided by the block size). Per sequence: the GDN layers'
+fixed state (``MambaSpec`` page bytes, with the shapes of vLLM's ``MambaStateShapeCalculator`` as
+``llamafactory_zebra.serving.vllm.gdn`` uses them). Then the longest
 single sequence each cache budget holds. Run in the vLLM venv:
 
     VENV/bin/python benchmarks/bench_vllm_cache.py
@@ -10,10 +11,12 @@ single sequence each cache budget holds. Run in the vLLM venv:
 
 import torch
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, MLAAttentionSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
 from llamafactory_zebra.configuration_zebra import ZebraConfig
+from llamafactory_zebra.serving.vllm.arch_config import expanded_head_size
 from llamafactory_zebra.serving.vllm.gdn import gdn_state_shape
+from llamafactory_zebra.serving.vllm.latent_mla import latent_cache_spec
 
 BLOCK = 16
 DTYPE = torch.bfloat16
@@ -28,12 +31,9 @@ def main() -> None:
     zebra = ZebraConfig.from_preset("qwen3-1.7b-7mla21gdn-1m")
     mla, gdn = len(zebra.mla_layers), len(zebra.gdn_layers)
     expanded = FullAttentionSpec(
-        block_size=BLOCK, num_kv_heads=zebra.num_key_value_heads, head_size=zebra.qk_head_dim,
-        head_size_v=zebra.qk_head_dim, dtype=DTYPE,
-    )  # fmt: skip
-    latent = MLAAttentionSpec(
-        block_size=BLOCK, num_kv_heads=1, head_size=zebra.kv_lora_rank + zebra.qk_rope_head_dim, dtype=DTYPE
+        block_size=BLOCK, num_kv_heads=zebra.num_key_value_heads, head_size=expanded_head_size(zebra), dtype=DTYPE
     )
+    latent = latent_cache_spec(expanded, zebra.mla_cache_channels)
     qwen = FullAttentionSpec(block_size=BLOCK, num_kv_heads=8, head_size=128, head_size_v=128, dtype=DTYPE)
     states = {
         ssm: MambaSpec(
@@ -46,9 +46,9 @@ def main() -> None:
     }
     rows = [
         ("Qwen3-1.7B (28 attention layers)", 28 * per_token(qwen), 0),
-        ("Zebra, MLA as expanded K/V (CPU, this plugin), SSM fp32", mla * per_token(expanded), gdn * states[torch.float32].page_size_bytes),
-        ("Zebra, MLA as expanded K/V, SSM bf16", mla * per_token(expanded), gdn * states[torch.bfloat16].page_size_bytes),
-        ("Zebra, MLA latent 320 (GPU goal, not built), SSM fp32", mla * per_token(latent), gdn * states[torch.float32].page_size_bytes),
+        ("Zebra, MLA latent (the default layout), SSM fp32", mla * per_token(latent), gdn * states[torch.float32].page_size_bytes),
+        ("Zebra, MLA latent, SSM bf16", mla * per_token(latent), gdn * states[torch.bfloat16].page_size_bytes),
+        ("Zebra, MLA as expanded K/V (VLLM_MLA_DISABLE=1), SSM fp32", mla * per_token(expanded), gdn * states[torch.float32].page_size_bytes),
     ]  # fmt: skip
     qwen_token = rows[0][1]
     header = "| cache layout (bf16 K/V) | bytes/token | Qwen3 bytes / these | GDN state/seq (MiB) | " + " | ".join(

@@ -85,6 +85,7 @@ OP_SPECS: Mapping[Op, OpSpec] = {
                 Fact.VLLM_CPU_PLATFORM: not recipe.stack.has_gpu,
             },
         ),
+        OpSpec(Op.LATENT_DECODE, "vLLM, latent MLA cache", frozenset({SERVING})),
         OpSpec(
             Op.GATED_NORM,
             "HF inference, vLLM on CPU",

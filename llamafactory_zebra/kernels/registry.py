@@ -294,6 +294,10 @@ KERNELS: tuple[Kernel, ...] = (
            when="vLLM's CPU platform, bf16, width 4, bf16 dot products"),
     Kernel(Op.CONV_IN_SLOTS, Key.CONV_OP, "the conv op on the slots (fla on GPUs, PyTorch elsewhere)", Family.TORCH,
            1),
+    # Serving's absorbed decode over the latent MLA cache (ops/latent_attention binds them, latent_mla.py runs them).
+    _triton(Op.LATENT_DECODE, Family.TRITON, "Triton split-K latent decode (ops/latent_attention/triton_decode.py)",
+            "triton"),
+    Kernel(Op.LATENT_DECODE, Key.TORCH, "PyTorch latent decode (ops/latent_attention/cpu_decode.py)", Family.TORCH, 1),
     # The gated RMSNorm closing a GDN layer (ops/gated_rms_norm.py; the vLLM layer on a GPU runs vLLM's own).
     _cpp(Op.GATED_NORM, Key.CPP, "C++ one-pass gated RMSNorm (gated_rms_norm.cpp)", 0,
          lambda call: _cpu_inference(call) or (None if call.fact(Fact.SAME_GATE) else "a gate of another dtype"),

@@ -9,12 +9,23 @@ block at a time with an online softmax, so memory stays bounded at any context (
 tested against.
 """
 
+from ...kernels import Key, Op, bind
 from .cpu_decode import latent_decode_cpu
 from .prefill import latent_prefill_cpu
 from .reference import latent_decode_reference, latent_prefill_reference
 
 latent_decode = latent_decode_cpu
 latent_prefill = latent_prefill_cpu
+
+
+def _latent_decode_triton(*args, **kwargs):
+    """``triton_decode.latent_decode_triton``, imported at its first call (``triton`` is a GPU install's)."""
+    from .triton_decode import latent_decode_triton
+
+    return latent_decode_triton(*args, **kwargs)
+
+
+bind(Op.LATENT_DECODE, {Key.TRITON: _latent_decode_triton, Key.TORCH: latent_decode_cpu})
 
 __all__ = [
     "latent_decode",

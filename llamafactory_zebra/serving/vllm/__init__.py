@@ -9,8 +9,10 @@ the name ``hf``: ``config_parser.py``), and registers the architecture ``ZebraFo
 ``ModelRegistry`` (lazily, by module path). No flag and no ``trust_remote_code`` is needed.
 
 What runs where (``model.py``, ``mla.py``, ``gdn.py``):
-- MLA layers: expanded keys/values in vLLM's paged ``Attention`` (all vLLM backends; the only route on CPU,
-  whose MLA kernels take a 576-wide latent only). A latent (320-wide) MLA cache is not implemented.
+- MLA layers: by default the latent cache (``latent_mla.py``: the transformers decode cache's row per token,
+  the plugin's own cache layer, backend and metadata builder, absorbed decode; vLLM's MLA kernels take a
+  576-wide latent only); with ``VLLM_MLA_DISABLE=1`` or LoRA enabled, expanded keys/values in vLLM's paged
+  ``Attention`` (``mla.py``'s ``cache_layout``). ``arch_config.py`` tells vLLM the expanded layout's head size.
 - GDN layers: vLLM's state slots (``MambaBase``), this project's conv / gated-delta-rule ops on them
   (PyTorch on CPU, fla's kernels on GPU — GPU not verified).
 - Verified on CPU (``tests_vllm/``, vLLM CPU 0.32): fp32 log-probs of every prompt and generated token
@@ -42,10 +44,12 @@ def register() -> None:
     from vllm import ModelRegistry
 
     from .amx import request_amx_tiles
+    from .arch_config import register_arch_config_convertor
     from .config_parser import ARCHITECTURE
     from .seams import install as install_vllm_seams
 
     request_amx_tiles()  # before any vLLM kernel runs in this process (amx.py)
     install_vllm_seams()  # the fixes and the released layout's config parser (seams.py)
+    register_arch_config_convertor()  # the head size vLLM sizes hybrid blocks by (arch_config.py)
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(ARCHITECTURE, "llamafactory_zebra.serving.vllm.model:ZebraForCausalLM")

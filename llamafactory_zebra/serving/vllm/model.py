@@ -121,9 +121,7 @@ class ZebraDecoderLayer(nn.Module):
         super().__init__()
         self.layer_type = config.layer_types[extract_layer_index(prefix)]
         if self.layer_type == MLA:
-            self.mla = ZebraMLAAttention(
-                config, vllm_config.cache_config, vllm_config.quant_config, prefix=f"{prefix}.mla"
-            )
+            self.mla = ZebraMLAAttention(config, vllm_config, prefix=f"{prefix}.mla")
         else:
             self.gdn = ZebraGatedDeltaNet(config, vllm_config, prefix=f"{prefix}.gdn")
         self.mlp = ZebraMLP(config, prefix=f"{prefix}.mlp")

@@ -8,10 +8,11 @@ the SHA-256 of the upstream source as read in vLLM 0.32 (or the parameters relie
 ``tests_vllm/test_vllm_seams.py`` fails when an upgrade changes any of them, so a changed upstream is
 re-read before the wrapper is trusted again, and :func:`install` logs the drift at start-up.
 
-:data:`VLLM_API` lists the vLLM names ``gdn.py``, ``mla.py``, ``model.py``, ``config_parser.py``, ``runner.py``
-and this module read without replacing them — the GDN metadata's fields, the forward context's, the keyword names of
-``vllm._custom_ops.causal_conv1d_*_cpu``, the argument order of ``MambaStateShapeCalculator.
-gated_delta_net_state_shape``, the layers' constructor keywords — checked with ``inspect`` by the same
+:data:`VLLM_API` lists the vLLM names ``gdn.py``, ``mla.py``, ``latent_mla.py``, ``arch_config.py``, ``model.py``,
+``config_parser.py``, ``runner.py`` and this module read without replacing them — the GDN metadata's fields, the
+forward context's, the keyword names of ``vllm._custom_ops.causal_conv1d_*_cpu``, the argument order of
+``MambaStateShapeCalculator.gated_delta_net_state_shape``, the layers' constructor keywords, the attention-layer
+and backend interfaces the latent cache implements — checked with ``inspect`` by the same
 test without starting an engine, so a vLLM bump fails naming the changed name, not as a parity failure.
 
 0. Released-layout checkpoints (``config_parser.py``): a config parser under vLLM's ``hf`` name.
@@ -198,6 +199,33 @@ VLLM_API: tuple[Seam, ...] = (
          keywords=("num_kv_heads", "cache_config", "quant_config", "prefix")),
     Seam("vllm.model_executor.layers.rotary_embedding", "get_rope", ("head_size",),
          keywords=("max_position", "is_neox_style", "rope_parameters", "dtype")),
+    # latent_mla.py: a layer with its own page layout, backend and metadata builder on vLLM's generic interfaces;
+    # arch_config.py: the head size vLLM reads from the config. The block alignment asks the first attention
+    # backend's customize_spec what a token costs (Platform._align_hybrid_block_size).
+    Seam("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase",
+         fields=("get_attn_backend", "get_kv_cache_spec", "bind_kv_cache")),
+    Seam("vllm.v1.attention.backend", "AttentionBackend",
+         fields=("get_name", "get_builder_cls", "get_supported_kernel_block_sizes", "customize_spec",
+                 "full_cls_name")),
+    Seam("vllm.v1.attention.backend", "AttentionMetadataBuilder.__init__",
+         ("self", "kv_cache_spec", "layer_names", "vllm_config", "device")),
+    Seam("vllm.v1.attention.backend", "AttentionMetadataBuilder.build",
+         ("self", "common_prefix_len", "common_attn_metadata", "fast_build")),
+    Seam("vllm.v1.attention.backend", "CommonAttentionMetadata",
+         fields=("query_start_loc_cpu", "seq_lens", "num_reqs", "num_actual_tokens", "block_table_tensor",
+                 "slot_mapping")),
+    Seam("vllm.v1.attention.backend", "MultipleOf"),
+    Seam("vllm.v1.attention.backends.utils", "split_decodes_and_prefills",
+         ("common_attn_metadata", "decode_threshold")),
+    Seam("vllm.v1.kv_cache_interface", "FullAttentionSpec",
+         fields=("block_size", "num_kv_heads", "head_size", "head_size_v", "dtype", "page_size_padded")),
+    Seam("vllm.platforms.interface", "Platform._align_hybrid_block_size", ("vllm_config", "backend_cls"),
+         source_sha256="a728408b016f5b235b5fb2731a03cdb589dcfeeeb5d90a0e3476d89996014377"),
+    Seam("vllm.transformers_utils.model_arch_config_convertor", "MODEL_ARCH_CONFIG_CONVERTORS"),
+    Seam("vllm.transformers_utils.model_arch_config_convertor", "ModelArchConfigConvertorBase.get_head_size",
+         ("self",)),
+    Seam("vllm.envs", "VLLM_MLA_DISABLE"),
+    Seam("vllm.config", "VllmConfig", fields=("lora_config",)),
     # model.py and register(): the model's building blocks and the registry.
     Seam("vllm.model_executor.layers.vocab_parallel_embedding", "ParallelLMHead.__init__",
          ("self", "num_embeddings", "embedding_dim"), keywords=("prefix",)),
