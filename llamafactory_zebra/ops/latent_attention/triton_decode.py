@@ -40,37 +40,32 @@ MIN_SPLIT_TOKENS = 256
 
 
 @triton.jit
+def _block_scores(
+    ql, qr, latent, cache, rows, mask_n, mask_h, mask_p, offs_p, kv_head, sm_scale,
+    R: tl.constexpr, SCALES_OFFSET: tl.constexpr, HAS_SCALES: tl.constexpr,
+):  # fmt: skip
+    """``[BLOCK_H, BLOCK_N]`` scaled scores of the query heads against one block of cached rows: latent and rope
+    dot products, times each token's scale for the head's key head (``qk_head``)."""
+    rope = tl.load(cache + rows[:, None] + R + offs_p[None, :], mask=mask_n[:, None] & mask_p[None, :], other=0.0)
+    qk = tl.dot(ql.to(latent.dtype), tl.trans(latent), input_precision="ieee")
+    qk += tl.dot(qr.to(rope.dtype), tl.trans(rope), input_precision="ieee")
+    if HAS_SCALES:
+        scales = tl.load(
+            cache + rows[None, :] + SCALES_OFFSET + kv_head[:, None], mask=mask_h[:, None] & mask_n[None, :], other=0.0
+        )
+        qk *= scales.to(tl.float32)
+    return qk * sm_scale
+
+
+@triton.jit
 def _split_kernel(
-    q_latent,
-    q_rope,
-    cache,
-    block_table,
-    seq_lens,
-    mid,
-    sm_scale,
-    stride_ql_t,
-    stride_ql_h,
-    stride_qr_t,
-    stride_qr_h,
-    stride_page,
-    stride_token,
-    stride_bt,
-    stride_mid_b,
-    stride_mid_h,
-    stride_mid_s,
-    HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    R: tl.constexpr,
-    P: tl.constexpr,
-    SCALES_OFFSET: tl.constexpr,
-    HAS_SCALES: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_P: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    PAGE_SIZE: tl.constexpr,
-    SPLITS: tl.constexpr,
-):
+    q_latent, q_rope, cache, block_table, seq_lens, mid, sm_scale,
+    stride_ql_t, stride_ql_h, stride_qr_t, stride_qr_h, stride_page, stride_token, stride_bt,
+    stride_mid_b, stride_mid_h, stride_mid_s,
+    HEADS: tl.constexpr, GROUP: tl.constexpr, R: tl.constexpr, P: tl.constexpr, SCALES_OFFSET: tl.constexpr,
+    HAS_SCALES: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, SPLITS: tl.constexpr,
+):  # fmt: skip
     request = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
@@ -106,17 +101,8 @@ def _split_kernel(
         page = tl.load(block_table + request * stride_bt + offs_n // PAGE_SIZE, mask=mask_n, other=0).to(tl.int64)
         rows = page * stride_page + (offs_n % PAGE_SIZE).to(tl.int64) * stride_token  # [BLOCK_N]
         latent = tl.load(cache + rows[:, None] + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0)
-        rope = tl.load(cache + rows[:, None] + R + offs_p[None, :], mask=mask_n[:, None] & mask_p[None, :], other=0.0)
-        qk = tl.dot(ql.to(latent.dtype), tl.trans(latent), input_precision="ieee")
-        qk += tl.dot(qr.to(rope.dtype), tl.trans(rope), input_precision="ieee")
-        if HAS_SCALES:
-            scales = tl.load(
-                cache + rows[None, :] + SCALES_OFFSET + kv_head[:, None],
-                mask=mask_h[:, None] & mask_n[None, :],
-                other=0.0,
-            )
-            qk *= scales.to(tl.float32)
-        qk *= sm_scale
+        qk = _block_scores(ql, qr, latent, cache, rows, mask_n, mask_h, mask_p, offs_p, kv_head, sm_scale,
+                           R, SCALES_OFFSET, HAS_SCALES)  # fmt: skip
         # Padded heads keep their zero scores (finite, never stored); tokens past the split get no weight.
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         new_max = tl.maximum(tl.max(qk, 1), e_max)
