@@ -5,7 +5,7 @@ serving layer reads is as recorded, and the LoRA fix is right against plain code
 import pytest
 import torch
 
-from llamafactory_zebra.seam import drift, original
+from llamafactory_zebra.seam import declared, drift, original, recorded_source
 from llamafactory_zebra.serving.vllm import lora, register, seams
 
 
@@ -91,15 +91,22 @@ def _plain_shrink(stack, seq_lens, adapters, inputs, scale):
     return torch.stack(rows)
 
 
-def test_upstream_cpu_shrink_applies_the_last_adapter_to_requests_without_one():
-    """The bug the wrapper fixes, on vLLM's unwrapped op: index -1 reads the last slot."""
+def test_upstream_cpu_shrink_on_requests_without_an_adapter():
+    """What the wrapper is for, on vLLM's unwrapped op: 0.32's reads index -1 as the last adapter slot (the
+    bug); 0.33's gives those rows zero itself (upstream's fix), so the wrapper changes nothing there."""
+    version = recorded_source(declared(seams.VLLM_SEAMS, seams.LORA_OPS, "bgmv_shrink"))
+    assert version in ("0.32.0", "0.33.0"), "bgmv_shrink's source is not a recorded one (the drift test says more)"
     stack, seq_lens, adapters, inputs = _shrink_case()
-    shrink = original("vllm.lora.ops.torch_ops.lora_ops", "bgmv_shrink")
+    shrink = original(seams.LORA_OPS, "bgmv_shrink")
     out = torch.zeros(len(inputs), stack.shape[2])
     indices = torch.repeat_interleave(adapters, seq_lens)
     shrink(inputs, stack, out, indices, 1.0)
     without = indices < 0
-    torch.testing.assert_close(out[without], inputs[without] @ stack[-1, 0].T)
+    last_adapter = inputs[without] @ stack[-1, 0].T
+    expected = last_adapter if version == "0.32.0" else torch.zeros_like(last_adapter)
+    torch.testing.assert_close(out[without], expected)
+    plain = _plain_shrink(stack, seq_lens, adapters, inputs, 1.0)  # the rows with an adapter: right in both
+    torch.testing.assert_close(out[~without].double(), plain[~without], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("path", ["prefill", "decode"])
