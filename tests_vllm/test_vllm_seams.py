@@ -2,10 +2,14 @@
 code its fixes were written against, they are wrapped after ``register()``, the vLLM API surface the
 serving layer reads is as recorded, and the LoRA fix is right against plain code (no engine is started)."""
 
+import importlib
+import pkgutil
+
 import pytest
 import torch
 
 from llamafactory_zebra.seam import declared, drift, original, recorded_source
+from llamafactory_zebra.serving import vllm as vllm_plugin
 from llamafactory_zebra.serving.vllm import lora, register, seams
 
 
@@ -22,6 +26,14 @@ def test_changed_upstream_is_the_code_the_fix_was_written_against(record):
 def test_the_vllm_api_the_serving_layer_reads_is_as_recorded(record):
     changed = drift(record)
     assert changed is None, f"vLLM changed a name the serving layer reads: {changed} (seams.VLLM_API)"
+
+
+@pytest.mark.parametrize("name", [m.name for m in pkgutil.iter_modules(vllm_plugin.__path__)])
+def test_every_serving_module_imports(name):
+    """The names the plugin imports from vLLM and no table records (``IntermediateTensors``, the model
+    interfaces, ``support_torch_compile``, ...) are still there: where no engine runs (vLLM 0.33's CUDA wheel
+    on a CPU machine) this is what checks them."""
+    importlib.import_module(f"{vllm_plugin.__name__}.{name}")
 
 
 def test_register_installs_the_wrappers_where_vllm_calls_them():
