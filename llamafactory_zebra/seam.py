@@ -8,7 +8,9 @@ workaround (``kernels/fla_seams.py``); transformers' registries are their own ta
 (``integration/registrations.py``'s ``TRANSFORMERS_REGISTRATIONS``). A record says what was relied on when the
 change was written: the leading ``parameters`` in order (positional calls), the ``keywords`` in any
 order (keyword calls), the ``fields`` its objects are read by (a dataclass's fields), the SHA-256 of the
-upstream source (a wrapper whose correctness depends on the body it wraps). :func:`drift` checks the
+upstream source (a wrapper whose correctness depends on the body it wraps), or one SHA-256 per upstream
+version whose source the change was re-read against (``{"0.32.0": ..., "0.33.0": ...}``: one plugin version
+for several upstream ones; :func:`recorded_source` says which one is running). :func:`drift` checks the
 signature kinds and the source kind alike; each side's test runs it over
 its whole table, and :func:`install` runs it over a module's records before changing anything, so an
 upgrade fails naming the seam instead of patching the wrong thing.
@@ -26,7 +28,7 @@ import dataclasses
 import hashlib
 import importlib
 import inspect
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -51,7 +53,9 @@ class Seam:
     parameters: tuple[str, ...] | None = None  # the leading parameters, in order (called positionally)
     keywords: tuple[str, ...] = ()  # parameter names, any order (called by keyword)
     fields: tuple[str, ...] = ()  # attributes read from its instances: dataclass fields or class attributes
-    source_sha256: str | None = None  # the upstream source the change was written against
+    # The upstream source the change was written against: one SHA-256, or upstream version -> SHA-256 of the
+    # source read there (any of them is as recorded).
+    source_sha256: str | Mapping[str, str] | None = None
     # Builds the replacement from the (imported) module; None: the name is only called or read.
     wrapper: Callable[[ModuleType], Any] | None = None
     # A registration through upstream's own ``register`` call (no attribute replaced); run by install().
@@ -129,9 +133,30 @@ def drift(seam: Seam, module: ModuleType | None = None) -> str | None:
             return f"{seam.name} has no {', '.join(missing)} any more"
     if seam.source_sha256 is not None:
         current = source_hash(target)
-        if current != seam.source_sha256:
-            return f"{seam.name}'s source changed (SHA-256 {current}, recorded {seam.source_sha256})"
+        if current not in _recorded_sources(seam).values():
+            return f"{seam.name}'s source changed (SHA-256 {current}, recorded {_describe_sources(seam)})"
     return None
+
+
+def _recorded_sources(seam: Seam) -> Mapping[str, str]:
+    """The record's source SHA-256s by upstream version (``""`` for a single, unversioned one)."""
+    if isinstance(seam.source_sha256, str):
+        return {"": seam.source_sha256}
+    return seam.source_sha256 or {}
+
+
+def _describe_sources(seam: Seam) -> str:
+    return "; ".join(f"{version}: {sha}" if version else sha for version, sha in _recorded_sources(seam).items())
+
+
+def recorded_source(seam: Seam, module: ModuleType | None = None) -> str | None:
+    """The upstream version whose recorded source ``seam``'s upstream object has (``""`` for an unversioned
+    record), or ``None`` when its source matches none of them: for code and tests whose expectations differ
+    between the recorded versions (an upstream bug fixed in a later one)."""
+    if module is None:
+        module = importlib.import_module(seam.module)
+    current = source_hash(original(module, seam.attribute))
+    return next((version for version, sha in _recorded_sources(seam).items() if sha == current), None)
 
 
 def check(seam: Seam, module: ModuleType, hint: str = "") -> Any:

@@ -49,4 +49,13 @@ python -m pytest -q -n "${ZEBRA_TEST_WORKERS:-2}" --dist loadfile "${marks[@]}" 
 if [ ${#marks[@]} -eq 0 ]; then
   bash scripts/vllm_env.sh
   .venv-vllm/bin/python -m pytest tests_vllm -q -p no:cacheprovider
+  # The API drift test against vLLM's CUDA wheel (0.33, docs/serving.md's tested versions), where that venv
+  # exists: CI does not build it (several GB of CUDA wheels, past its 40-minute budget); make it with
+  # `ZEBRA_VLLM_GPU=cuda bash scripts/vllm_env.sh .venv-vllm-cuda`.
+  cuda_venv=${ZEBRA_VLLM_CUDA_VENV:-.venv-vllm-cuda}
+  if [ -x "$cuda_venv/bin/python" ]; then
+    "$cuda_venv/bin/python" -m pytest tests_vllm/test_vllm_seams.py -q -p no:cacheprovider
+  else
+    echo "skipped: the vLLM API drift test against the CUDA wheel (no $cuda_venv)"
+  fi
 fi

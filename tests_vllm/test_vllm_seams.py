@@ -2,10 +2,14 @@
 code its fixes were written against, they are wrapped after ``register()``, the vLLM API surface the
 serving layer reads is as recorded, and the LoRA fix is right against plain code (no engine is started)."""
 
+import importlib
+import pkgutil
+
 import pytest
 import torch
 
-from llamafactory_zebra.seam import drift, original
+from llamafactory_zebra.seam import declared, drift, original, recorded_source
+from llamafactory_zebra.serving import vllm as vllm_plugin
 from llamafactory_zebra.serving.vllm import lora, register, seams
 
 
@@ -22,6 +26,14 @@ def test_changed_upstream_is_the_code_the_fix_was_written_against(record):
 def test_the_vllm_api_the_serving_layer_reads_is_as_recorded(record):
     changed = drift(record)
     assert changed is None, f"vLLM changed a name the serving layer reads: {changed} (seams.VLLM_API)"
+
+
+@pytest.mark.parametrize("name", [m.name for m in pkgutil.iter_modules(vllm_plugin.__path__)])
+def test_every_serving_module_imports(name):
+    """The names the plugin imports from vLLM and no table records (``IntermediateTensors``, the model
+    interfaces, ``support_torch_compile``, ...) are still there: where no engine runs (vLLM 0.33's CUDA wheel
+    on a CPU machine) this is what checks them."""
+    importlib.import_module(f"{vllm_plugin.__name__}.{name}")
 
 
 def test_register_installs_the_wrappers_where_vllm_calls_them():
@@ -91,15 +103,22 @@ def _plain_shrink(stack, seq_lens, adapters, inputs, scale):
     return torch.stack(rows)
 
 
-def test_upstream_cpu_shrink_applies_the_last_adapter_to_requests_without_one():
-    """The bug the wrapper fixes, on vLLM's unwrapped op: index -1 reads the last slot."""
+def test_upstream_cpu_shrink_on_requests_without_an_adapter():
+    """What the wrapper is for, on vLLM's unwrapped op: 0.32's reads index -1 as the last adapter slot (the
+    bug); 0.33's gives those rows zero itself (upstream's fix), so the wrapper changes nothing there."""
+    version = recorded_source(declared(seams.VLLM_SEAMS, seams.LORA_OPS, "bgmv_shrink"))
+    assert version in ("0.32.0", "0.33.0"), "bgmv_shrink's source is not a recorded one (the drift test says more)"
     stack, seq_lens, adapters, inputs = _shrink_case()
-    shrink = original("vllm.lora.ops.torch_ops.lora_ops", "bgmv_shrink")
+    shrink = original(seams.LORA_OPS, "bgmv_shrink")
     out = torch.zeros(len(inputs), stack.shape[2])
     indices = torch.repeat_interleave(adapters, seq_lens)
     shrink(inputs, stack, out, indices, 1.0)
     without = indices < 0
-    torch.testing.assert_close(out[without], inputs[without] @ stack[-1, 0].T)
+    last_adapter = inputs[without] @ stack[-1, 0].T
+    expected = last_adapter if version == "0.32.0" else torch.zeros_like(last_adapter)
+    torch.testing.assert_close(out[without], expected)
+    plain = _plain_shrink(stack, seq_lens, adapters, inputs, 1.0)  # the rows with an adapter: right in both
+    torch.testing.assert_close(out[~without].double(), plain[~without], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("path", ["prefill", "decode"])

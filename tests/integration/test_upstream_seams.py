@@ -78,6 +78,35 @@ def test_the_drift_check_reads_signatures_fields_and_sources():
     assert "is gone" in seam.drift(seam.Seam("upstream_stand_in", "missing"), module)
 
 
+def test_a_source_recorded_per_upstream_version_accepts_each_and_names_the_running_one():
+    """One plugin version for two upstream ones: the record keeps each version's source SHA-256; either is as
+    recorded, :func:`seam.recorded_source` says which one runs, any other source is drift naming both."""
+
+    def launch(args):
+        return args
+
+    def sha(function):
+        return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()
+
+    old_sha = sha(launch)
+
+    def launch(args):  # noqa: F811  the next upstream version
+        return [args]
+
+    module = ModuleType("upstream_stand_in")
+    module.launch = launch
+    record = seam.Seam("upstream_stand_in", "launch", source_sha256={"1.0": old_sha, "1.1": sha(launch)})
+    assert seam.drift(record, module) is None and seam.recorded_source(record, module) == "1.1"
+    assert seam.recorded_source(seam.Seam("upstream_stand_in", "launch", source_sha256=sha(launch)), module) == ""
+
+    def launch(args):  # noqa: F811  a version nobody re-read
+        return (args,)
+
+    module.launch = launch
+    assert seam.recorded_source(record, module) is None
+    assert f"recorded 1.0: {old_sha}; 1.1: " in seam.drift(record, module)
+
+
 def test_the_wrappers_are_installed_in_the_imported_modules():
     loader = importlib.import_module("llamafactory.model.loader")
     patcher = importlib.import_module("llamafactory.model.patcher")

@@ -4,9 +4,10 @@ source it was written against, and the vLLM API surface the serving layer reads.
 vLLM offers no hook for any fix below, so :func:`install` (called by ``register()`` in every vLLM
 process) loops over :data:`VLLM_SEAMS` (the mechanism is ``llamafactory_zebra/seam.py``): each wrapper
 through ``seam.wrap``, the config parser through vLLM's own ``register_config_parser``. Each record keeps
-the SHA-256 of the upstream source as read in vLLM 0.32 (or the parameters relied on);
-``tests_vllm/test_vllm_seams.py`` fails when an upgrade changes any of them, so a changed upstream is
-re-read before the wrapper is trusted again, and :func:`install` logs the drift at start-up.
+the SHA-256 of the upstream source as read in every vLLM version it was re-read against (0.32.0 and 0.33.0:
+one plugin version serves both; or the parameters relied on); ``tests_vllm/test_vllm_seams.py`` fails when
+an upgrade changes any of them, so a changed upstream is re-read before the wrapper is trusted again, and
+:func:`install` logs the drift at start-up.
 
 :data:`VLLM_API` lists the vLLM names ``gdn.py``, ``mla.py``, ``latent_mla.py``, ``arch_config.py``, ``model.py``,
 ``config_parser.py``, ``runner.py`` and this module read without replacing them — the GDN metadata's fields, the
@@ -23,9 +24,13 @@ test without starting an engine, so a vLLM bump fails naming the changed name, n
    served with another request's adapter (and every decode step applies it, even with no adapter in the
    batch). :func:`_shrink_without_adapter_rows` zeroes the rank-``r`` activations of those rows after
    vLLM's shrink; the expand step then adds ``0 @ B = 0``. Zebra declares no LoRA embedding modules, so
-   every LoRA path on its layers starts with this shrink. vLLM's GPU kernels skip index -1 themselves.
+   every LoRA path on its layers starts with this shrink. vLLM's GPU kernels skip index -1 themselves, and
+   so do 0.33's CPU ops (upstream's fix: ``clamp(min=0)`` then ``masked_fill`` in the shrink and expand ops),
+   where the wrapper zeroes rows that are already zero; it stays for 0.32 and goes when 0.32 support does.
 2. Unservable adapters (``lora.py``): ``WorkerLoRAManager._load_adapter`` is wrapped so that an adapter
-   vLLM refuses for a Zebra model is named with its directory, the reason and the fix.
+   vLLM refuses for a Zebra model is named with its directory, the reason and the fix. In 0.33 the
+   ``modules_to_save`` and token-classification checks are one ``_validate_classification_head_lora``, which
+   still raises ``ValueError`` for a ``modules_to_save`` adapter on a model without a classification head.
 3. Prompt chunks cut at a stale block size (CPU, prefix caching on). In ``align`` mode the scheduler ends
    prompt chunks where the GDN states are cached, reading ``cache_config.block_size``. The engine core
    sets it to the KV cache's block size (sized so that a block's K/V bytes equal one GDN state's), but
@@ -35,7 +40,11 @@ test without starting an engine, so a vLLM bump fails naming the changed name, n
    a pass over its GDN states) while states are cached only at the larger block's borders: same answers,
    more work (what it cost the serving benchmark: docs/benchmarks-history.md).
    :func:`_split_at_the_mamba_block_size` puts the block size of the KV cache's Mamba groups back before
-   vLLM's split runs, for Zebra models only.
+   vLLM's split runs, for Zebra models only. vLLM 0.33's ``check_and_update_config`` no longer resets a block
+   size the user did not pass (it only warns about one the user passed that is not a multiple of 32), and its
+   split still reads ``cache_config.block_size`` (it adds ``num_hash_lookahead_tokens`` to the checkpoint
+   positions): there the wrapper should find the sizes equal and change nothing (read in the source, not
+   run: this project has no engine on 0.33, docs/serving.md's tested versions).
 """
 
 from __future__ import annotations
@@ -126,6 +135,11 @@ def _released_layout_parser(module: ModuleType) -> None:
 
 
 LORA_OPS = "vllm.lora.ops.torch_ops.lora_ops"
+# bgmv_shrink as read in each vLLM version (0.33's zeroes rows without an adapter itself: fix 1 in the docstring).
+_SHRINK = {
+    "0.32.0": "e7a5eafed74a2bc1b505dd46bfba7fefff868ac36985a5a5bc9ab1fda2f713e1",
+    "0.33.0": "ff08e86052b966c95c02955ac3d91b8dea5c38c5f90e5e95a4588994577b8eb8",
+}
 # What install() changes, in order, with the source each change was written against. Fix 1 wraps the shrink
 # op where the prefill op (by its module-global name) and the CPU wrapper (decode steps, logits) call it.
 VLLM_SEAMS: tuple[Seam, ...] = (
@@ -133,24 +147,25 @@ VLLM_SEAMS: tuple[Seam, ...] = (
          register=_released_layout_parser, why="fix 0: released-layout checkpoints under the parser name hf"),
     Seam("vllm.transformers_utils.config", "HFConfigParser.parse",
          ("self", "model", "trust_remote_code", "revision", "code_revision"), why="fix 0: the parser it extends"),
-    Seam(LORA_OPS, "bgmv_shrink", source_sha256="e7a5eafed74a2bc1b505dd46bfba7fefff868ac36985a5a5bc9ab1fda2f713e1",
-         wrapper=_fixed_shrink, why="fix 1"),
+    Seam(LORA_OPS, "bgmv_shrink", source_sha256=_SHRINK, wrapper=_fixed_shrink, why="fix 1"),
     Seam(LORA_OPS, "sgmv_shrink", source_sha256="1f116c7327f60a71ef43b66a326c6307adba5ede84f8a74ba1fa291ca4ccc090",
          why="fix 1: calls bgmv_shrink by its module-global name"),
-    Seam("vllm.lora.punica_wrapper.punica_cpu", "bgmv_shrink",
-         source_sha256="e7a5eafed74a2bc1b505dd46bfba7fefff868ac36985a5a5bc9ab1fda2f713e1", wrapper=_the_fixed_shrink,
+    Seam("vllm.lora.punica_wrapper.punica_cpu", "bgmv_shrink", source_sha256=_SHRINK, wrapper=_the_fixed_shrink,
          why="fix 1: the name PunicaWrapperCPU calls"),
     Seam("vllm.lora.punica_wrapper.punica_cpu", "PunicaWrapperCPU",
          source_sha256="acc9bc9cf24eb2dbbcd0e4e2d3e01b007e3fafba3cf16fc2eba0571070afc30a", why="fix 1"),
     Seam("vllm.lora.worker_manager", "WorkerLoRAManager._load_adapter",
-         source_sha256="e05648e184ddc4f7653516d774688af9e5864a851ea6ec34c49a93a39a942126", wrapper=_adapter_refusals,
-         why="fix 2"),
+         source_sha256={"0.32.0": "e05648e184ddc4f7653516d774688af9e5864a851ea6ec34c49a93a39a942126",
+                        "0.33.0": "57d439d629f9e10503320c4e07d353148d93124aafba3d1642f6fa1e406ed077"},
+         wrapper=_adapter_refusals, why="fix 2"),
     Seam("vllm.v1.core.sched.scheduler", "Scheduler._mamba_block_aligned_split",
-         source_sha256="b2a08c774ae495bfdd509380e8d14ccdd0bd2c5b70219720a926059a0d8eb9b0", wrapper=_split_fix,
-         why="fix 3: the split that reads the block size"),
+         source_sha256={"0.32.0": "b2a08c774ae495bfdd509380e8d14ccdd0bd2c5b70219720a926059a0d8eb9b0",
+                        "0.33.0": "9af6739dbbdf081fb40351995325825352f9a96f86df21cdcc88cd357c120244"},
+         wrapper=_split_fix, why="fix 3: the split that reads the block size"),
     Seam("vllm.platforms.cpu", "CpuPlatform.check_and_update_config",
-         source_sha256="d2960ad5d183676793d6988a9a4ed50175d18dbf8baf70fc01f686d50887a0df",
-         why="fix 3: the platform hook that resets it"),
+         source_sha256={"0.32.0": "d2960ad5d183676793d6988a9a4ed50175d18dbf8baf70fc01f686d50887a0df",
+                        "0.33.0": "c86f1806cdc327a52159f8c741a511759c90db5caec5c9dab62a56a2ba318046"},
+         why="fix 3: the platform hook that resets it (0.32; 0.33's no longer does)"),
 )  # fmt: skip
 
 # The vLLM names the serving layer reads without replacing them (module docstring).
@@ -220,7 +235,8 @@ VLLM_API: tuple[Seam, ...] = (
     Seam("vllm.v1.kv_cache_interface", "FullAttentionSpec",
          fields=("block_size", "num_kv_heads", "head_size", "head_size_v", "dtype", "page_size_padded")),
     Seam("vllm.platforms.interface", "Platform._align_hybrid_block_size", ("vllm_config", "backend_cls"),
-         source_sha256="a728408b016f5b235b5fb2731a03cdb589dcfeeeb5d90a0e3476d89996014377"),
+         source_sha256={"0.32.0": "a728408b016f5b235b5fb2731a03cdb589dcfeeeb5d90a0e3476d89996014377",
+                        "0.33.0": "e71decc57e98f69b6807f8826beabb261d433a1ae679cce2b9fdc2b01f10ff05"}),
     Seam("vllm.transformers_utils.model_arch_config_convertor", "MODEL_ARCH_CONFIG_CONVERTORS"),
     Seam("vllm.transformers_utils.model_arch_config_convertor", "ModelArchConfigConvertorBase.get_head_size",
          ("self",)),
