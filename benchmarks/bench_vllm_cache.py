@@ -33,7 +33,7 @@ def main() -> None:
     expanded = FullAttentionSpec(
         block_size=BLOCK, num_kv_heads=zebra.num_key_value_heads, head_size=expanded_head_size(zebra), dtype=DTYPE
     )
-    latent = latent_cache_spec(expanded, zebra.mla_cache_channels)
+    latent = latent_cache_spec(BLOCK, DTYPE, zebra.mla_cache_channels)
     qwen = FullAttentionSpec(block_size=BLOCK, num_kv_heads=8, head_size=128, head_size_v=128, dtype=DTYPE)
     states = {
         ssm: MambaSpec(

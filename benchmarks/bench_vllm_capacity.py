@@ -35,15 +35,14 @@ RUNS = {
 
 
 def mla_bytes_per_token(model_dir: Path, expanded: bool, itemsize: int) -> int:
-    """One MLA layer's cache bytes per token in the served layout."""
+    """One MLA layer's cache bytes per token in the served layout (``mla.cache_values_per_token``)."""
     from transformers import AutoConfig
 
     import llamafactory_zebra  # noqa: F401  (registers model_type zebra)
+    from llamafactory_zebra.serving.vllm.mla import EXPANDED, LATENT, cache_values_per_token
 
     config = AutoConfig.from_pretrained(model_dir)
-    if expanded:
-        return 2 * config.num_key_value_heads * max(config.qk_head_dim, config.v_head_dim) * itemsize
-    return config.mla_cache_channels * itemsize
+    return cache_values_per_token(config, EXPANDED if expanded else LATENT) * itemsize
 
 
 def main() -> None:

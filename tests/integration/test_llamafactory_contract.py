@@ -135,11 +135,15 @@ def test_freeze_train_extra_modules(stand_ins, tmp_path):
             assert param.dtype == _frozen_dtype(name), name
 
 
-def test_freeze_inference(stand_ins):
-    model = load_infer_model(**_infer_args(stand_ins, "freeze"))
+def _check_frozen_for_inference(model) -> None:
+    """Every parameter frozen, in fp16 but the GDN gates (fp32 by design)."""
     for name, param in model.named_parameters():
         assert param.requires_grad is False, name
         assert param.dtype == _frozen_dtype(name), name
+
+
+def test_freeze_inference(stand_ins):
+    _check_frozen_for_inference(load_infer_model(**_infer_args(stand_ins, "freeze")))
 
 
 # tests/model/test_lora.py
@@ -226,10 +230,7 @@ def test_full_train(stand_ins, tmp_path):
 
 
 def test_full_inference(stand_ins):
-    model = load_infer_model(**_infer_args(stand_ins, "full"))
-    for name, param in model.named_parameters():
-        assert param.requires_grad is False, name
-        assert param.dtype == _frozen_dtype(name), name
+    _check_frozen_for_inference(load_infer_model(**_infer_args(stand_ins, "full")))
 
 
 # tests/model/test_base.py

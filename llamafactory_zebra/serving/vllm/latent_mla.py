@@ -46,15 +46,17 @@ from ...kernels import Call, Op, fixed_call
 from ...ops.latent_attention import latent_prefill
 
 
-def latent_cache_spec(spec: AttentionSpec, row: int) -> FullAttentionSpec:
-    """``spec`` with one ``row``-value vector per token (no separate values): what a latent page holds."""
+def latent_cache_spec(
+    block_size: int, dtype: torch.dtype, row: int, page_size_padded: int | None = None
+) -> FullAttentionSpec:
+    """One ``row``-value vector per token (no separate values): what a latent page holds."""
     return FullAttentionSpec(
-        block_size=spec.block_size,
+        block_size=block_size,
         num_kv_heads=1,
         head_size=row,
         head_size_v=0,
-        dtype=spec.dtype,
-        page_size_padded=spec.page_size_padded,
+        dtype=dtype,
+        page_size_padded=page_size_padded,
     )
 
 
@@ -123,7 +125,7 @@ class ZebraLatentBackend(AttentionBackend):
 
     @classmethod
     def customize_spec(cls, spec: AttentionSpec) -> AttentionSpec:
-        return latent_cache_spec(spec, cls.row)
+        return latent_cache_spec(spec.block_size, spec.dtype, cls.row, spec.page_size_padded)
 
 
 @functools.cache
@@ -160,10 +162,7 @@ class ZebraLatentCache(nn.Module, AttentionLayerBase):
         return latent_backend(self.row)
 
     def get_kv_cache_spec(self, vllm_config: VllmConfig) -> FullAttentionSpec:
-        block = FullAttentionSpec(
-            block_size=vllm_config.cache_config.block_size, num_kv_heads=1, head_size=1, dtype=self.dtype
-        )
-        return latent_cache_spec(block, self.row)
+        return latent_cache_spec(vllm_config.cache_config.block_size, self.dtype, self.row)
 
     def process_weights_after_loading(self, act_dtype: torch.dtype) -> None:
         """vLLM's post-load hook for attention layers (run after the linear layers' own): the owner's

@@ -61,6 +61,13 @@ def cache_layout(vllm_config: VllmConfig) -> tuple[str, str]:
     return LATENT, "the default"
 
 
+def cache_values_per_token(config: ZebraConfig, layout: str) -> int:
+    """Values an MLA layer caches per token: the latent row, or expanded keys and values of ``kv_heads`` heads."""
+    if layout == LATENT:
+        return config.mla_cache_channels
+    return 2 * config.num_key_value_heads * expanded_head_size(config)
+
+
 def rotary_embedding(config: ZebraConfig):
     """vLLM's RoPE for the rope dims: default, linear or YaRN (its YaRN follows transformers' parameters)."""
     rope = dict(config.rope_parameters)

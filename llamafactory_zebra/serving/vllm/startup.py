@@ -12,9 +12,10 @@ from __future__ import annotations
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 
+from ...configuration_zebra import MLA_NORM_QK_HEAD
 from ...kernels import WARN, detect_stack, emit_once, resolve
 from .arch_config import expanded_head_size
-from .mla import LATENT, cache_layout
+from .mla import LATENT, cache_layout, cache_values_per_token
 from .runner import describe_runner
 
 # Under vLLM's logger tree: vLLM configures only "vllm" and its children, so an info line elsewhere is never shown.
@@ -35,11 +36,10 @@ def describe_cache_layout(vllm_config: VllmConfig) -> str:
     config = vllm_config.model_config.hf_text_config
     layout, why = cache_layout(vllm_config)
     itemsize = vllm_config.model_config.dtype.itemsize
+    values = cache_values_per_token(config, layout)
     if layout == LATENT:
-        values = config.mla_cache_channels
-        scales = values > config.kv_lora_rank + config.qk_rope_head_dim
+        scales = config.mla_norm == MLA_NORM_QK_HEAD
         shape = f"{values} values (latent, rope key{', 1/rms per key head' if scales else ''})"
     else:
-        values = 2 * config.num_key_value_heads * expanded_head_size(config)
         shape = f"{values} values ({config.num_key_value_heads} key/value heads of {expanded_head_size(config)})"
     return f"MLA cache layout {layout} ({why}): {shape}, {values * itemsize:,} B per token and MLA layer"
